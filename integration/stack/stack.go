@@ -1,0 +1,499 @@
+// Package stack starts a whole Herald on one machine: embedded etcd and an
+// embedded NATS JetStream server (real servers, from their Go modules, in
+// this process), and every Herald service as its own OS process talking over
+// real sockets. `make run` and the end-to-end tests use it.
+package stack
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Options say what to start. Zero addresses pick free loopback ports.
+type Options struct {
+	// Dir holds all state (etcd and NATS data, certificates, tokens, logs).
+	Dir string
+	// BinDir holds the service binaries (see Build).
+	BinDir string
+	// Fixed addresses (make run); empty for free ports.
+	EtcdAddr, NATSAddr, FrontdoorAddr string
+	// Fixed internal ports (make run), in order: ingest admin, cache gRPC,
+	// cache admin, fanout HTTP, fanout admin, frontdoor admin. Nil for free
+	// ports.
+	InternalPorts []int
+	Ingests       int // default 1
+	Fanouts       int // default 1
+	// Extra flags per service name ("ingest", "cache", "fanout", "frontdoor").
+	Flags map[string][]string
+	// Logs receives the services' output; nil writes it to Dir/logs.
+	Logs io.Writer
+}
+
+// Stack is a running Herald.
+type Stack struct {
+	opts         Options
+	Etcd         *embed.Etcd
+	EtcdEndpoint string
+	NATS         *natsserver.Server
+	NATSURL      string
+	PKI          *PKI
+	Token        string
+	FrontdoorURL string
+	Kubeconfig   string
+
+	mu    sync.Mutex
+	procs []*Proc
+}
+
+// Proc is one service process.
+type Proc struct {
+	Name  string
+	Bin   string
+	Args  []string
+	Addrs map[string]string // role -> address
+	Admin string
+
+	stack *Stack
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
+}
+
+// Start brings the whole stack up and waits until every service is ready.
+func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
+	if opts.Ingests == 0 {
+		opts.Ingests = 1
+	}
+	if opts.Fanouts == 0 {
+		opts.Fanouts = 1
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	s := &Stack{opts: opts}
+	defer func() {
+		if err != nil {
+			s.Stop()
+		}
+	}()
+	if err := s.startEtcd(); err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	if err := s.startNATS(); err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	if s.PKI, err = EnsurePKI(filepath.Join(opts.Dir, "pki")); err != nil {
+		return nil, err
+	}
+	tokenFile := filepath.Join(opts.Dir, "tokens.csv")
+	if s.Token, err = ensureToken(tokenFile); err != nil {
+		return nil, err
+	}
+
+	port := portAllocator(opts.InternalPorts)
+	ingestAdmin := port()
+	cacheGRPC := port()
+	cacheAdmin := port()
+	var ingestAdmins []string
+	for i := range opts.Ingests {
+		if i == 0 {
+			ingestAdmins = append(ingestAdmins, ingestAdmin)
+		} else {
+			ingestAdmins = append(ingestAdmins, freeAddr())
+		}
+	}
+	fanoutHTTP, fanoutAdmin := port(), port()
+	frontAdmin := port()
+	front := opts.FrontdoorAddr
+	if front == "" {
+		front = freeAddr()
+	}
+
+	for i, admin := range ingestAdmins {
+		s.add(&Proc{Name: fmt.Sprintf("ingest-%d", i), Bin: "ingest", Admin: admin, Args: append([]string{
+			"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--admin.addr=" + admin,
+			"--progress-interval=200ms", "--election.lease-ttl=2s",
+		}, opts.Flags["ingest"]...)})
+	}
+	s.add(&Proc{Name: "cache-0", Bin: "cache", Admin: cacheAdmin, Addrs: map[string]string{"grpc": cacheGRPC}, Args: append([]string{
+		"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + cacheGRPC, "--admin.addr=" + cacheAdmin,
+	}, opts.Flags["cache"]...)})
+	var fanoutURLs []string
+	for i := range opts.Fanouts {
+		httpAddr, admin := fanoutHTTP, fanoutAdmin
+		if i > 0 {
+			httpAddr, admin = freeAddr(), freeAddr()
+		}
+		fanoutURLs = append(fanoutURLs, "http://"+httpAddr)
+		s.add(&Proc{Name: fmt.Sprintf("fanout-%d", i), Bin: "fanout", Admin: admin, Addrs: map[string]string{"http": httpAddr}, Args: append([]string{
+			"--cache.addr=" + cacheGRPC, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
+		}, opts.Flags["fanout"]...)})
+	}
+	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append([]string{
+		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.addr=" + cacheGRPC,
+		"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
+		"--token-auth-file=" + tokenFile,
+	}, opts.Flags["frontdoor"]...)})
+	s.FrontdoorURL = "https://" + front
+
+	for _, p := range s.procs {
+		if err := p.Start(); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range s.procs {
+		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	s.Kubeconfig = filepath.Join(opts.Dir, "kubeconfig")
+	if err := os.WriteFile(s.Kubeconfig, s.kubeconfig(), 0o600); err != nil {
+		return nil, err
+	}
+	if err := s.writeStackJSON(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) add(p *Proc) {
+	p.stack = s
+	s.procs = append(s.procs, p)
+}
+
+// Proc returns the named process (e.g. "ingest-0").
+func (s *Stack) Proc(name string) *Proc {
+	for _, p := range s.procs {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Procs lists the processes in start order.
+func (s *Stack) Procs() []*Proc { return s.procs }
+
+func (s *Stack) startEtcd() error {
+	cfg := embed.NewConfig()
+	cfg.Name = "herald-dev"
+	cfg.Dir = filepath.Join(s.opts.Dir, "etcd")
+	client := s.opts.EtcdAddr
+	if client == "" {
+		client = freeAddr()
+	}
+	peer := freeAddr()
+	cu, _ := url.Parse("http://" + client)
+	pu, _ := url.Parse("http://" + peer)
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	cfg.LogLevel = "error"
+	cfg.LogOutputs = []string{filepath.Join(s.opts.Dir, "etcd.log")}
+	cfg.ListenMetricsUrls = nil
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return errors.New("etcd did not become ready in 30s")
+	}
+	s.Etcd, s.EtcdEndpoint = e, cu.String()
+	return nil
+}
+
+func (s *Stack) startNATS() error {
+	host, port := "127.0.0.1", -1
+	if s.opts.NATSAddr != "" {
+		h, p, err := net.SplitHostPort(s.opts.NATSAddr)
+		if err != nil {
+			return err
+		}
+		host = h
+		port, _ = strconv.Atoi(p)
+	}
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		ServerName: "herald-dev",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(s.opts.Dir, "nats"),
+		MaxPayload: 8 << 20,
+		NoSigs:     true,
+		NoLog:      true,
+	})
+	if err != nil {
+		return err
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return errors.New("nats did not become ready in 30s")
+	}
+	s.NATS, s.NATSURL = ns, ns.ClientURL()
+	return nil
+}
+
+// RestartNATS stops the NATS server and starts it again on the same port
+// and store (JetStream state survives).
+func (s *Stack) RestartNATS() error {
+	s.NATS.Shutdown()
+	s.NATS.WaitForShutdown()
+	u, _ := url.Parse(s.NATSURL)
+	s.opts.NATSAddr = u.Host
+	return s.startNATS()
+}
+
+// Stop stops every process (SIGTERM, then SIGKILL after 10s), NATS and etcd.
+func (s *Stack) Stop() {
+	var wg sync.WaitGroup
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		p := s.procs[i]
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Stop() }()
+	}
+	wg.Wait()
+	if s.NATS != nil {
+		s.NATS.Shutdown()
+		s.NATS.WaitForShutdown()
+	}
+	if s.Etcd != nil {
+		s.Etcd.Close()
+	}
+}
+
+// Start launches the process.
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd := exec.Command(filepath.Join(p.stack.opts.BinDir, p.Bin), p.Args...)
+	out := p.stack.opts.Logs
+	if out == nil {
+		dir := filepath.Join(p.stack.opts.Dir, "logs")
+		os.MkdirAll(dir, 0o755)
+		f, err := os.OpenFile(filepath.Join(dir, p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		out = f
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	// Children die with the stack, even if it is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", p.Name, err)
+	}
+	p.cmd = cmd
+	done := make(chan struct{})
+	p.done = done
+	go func() { cmd.Wait(); close(done) }()
+	return nil
+}
+
+// Pid is the process id (0 when not running).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill kills the process with SIGKILL and waits for it to exit.
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL, 0) }
+
+// Stop asks the process to stop (SIGTERM) and kills it after 10s.
+func (p *Proc) Stop() { p.signal(syscall.SIGTERM, 10*time.Second) }
+
+func (p *Proc) signal(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+			cmd.Process.Kill()
+		}
+	}
+	<-done
+}
+
+// Restart stops the process (SIGKILL when kill) and starts it again with the
+// same arguments.
+func (p *Proc) Restart(kill bool) error {
+	if kill {
+		p.Kill()
+	} else {
+		p.Stop()
+	}
+	return p.Start()
+}
+
+// WaitReady polls the process's /readyz until it answers 200.
+func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: time.Second}
+	for {
+		p.mu.Lock()
+		done := p.done
+		p.mu.Unlock()
+		select {
+		case <-done:
+			return fmt.Errorf("%s exited before becoming ready (see its log)", p.Name)
+		default:
+		}
+		resp, err := client.Get("http://" + p.Admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %s", p.Name, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TLSTransport trusts the dev CA and sends no credentials.
+func (s *Stack) TLSTransport() *http.Transport {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.PKI.CAPEM)
+	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 100}
+}
+
+// HTTPClient returns a client that trusts the dev CA and sends the admin
+// token.
+func (s *Stack) HTTPClient() *http.Client {
+	return &http.Client{Transport: &tokenTransport{token: s.Token, base: s.TLSTransport()}}
+}
+
+type tokenTransport struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if r.Header.Get("Authorization") == "" {
+		r.Header.Set("Authorization", "Bearer "+t.token)
+	}
+	return t.base.RoundTrip(r)
+}
+
+func (s *Stack) kubeconfig() []byte {
+	return []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: herald
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+users:
+- name: herald-admin
+  user:
+    token: %s
+contexts:
+- name: herald
+  context:
+    cluster: herald
+    user: herald-admin
+current-context: herald
+`, s.FrontdoorURL, base64.StdEncoding.EncodeToString(s.PKI.CAPEM), s.Token))
+}
+
+func (s *Stack) writeStackJSON() error {
+	type entry struct {
+		Name      string            `json:"name"`
+		PID       int               `json:"pid"`
+		Addresses map[string]string `json:"addresses"`
+	}
+	self := os.Getpid()
+	out := []entry{
+		{Name: "etcd", PID: self, Addresses: map[string]string{"client": s.EtcdEndpoint}},
+		{Name: "nats", PID: self, Addresses: map[string]string{"client": s.NATSURL}},
+	}
+	for _, p := range s.procs {
+		addrs := map[string]string{"admin": p.Admin}
+		for k, v := range p.Addrs {
+			addrs[k] = v
+		}
+		out = append(out, entry{Name: p.Name, PID: p.Pid(), Addresses: addrs})
+	}
+	b, _ := json.MarshalIndent(map[string]any{"processes": out, "kubeconfig": s.Kubeconfig}, "", "  ")
+	return os.WriteFile(filepath.Join(s.opts.Dir, "stack.json"), append(b, '\n'), 0o644)
+}
+
+// ensureToken returns the admin token from the token file, creating both if
+// missing.
+func ensureToken(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if tok, _, ok := strings.Cut(strings.TrimSpace(string(b)), ","); ok && tok != "" {
+			return tok, nil
+		}
+	}
+	buf := make([]byte, 24)
+	rand.Read(buf)
+	tok := hex.EncodeToString(buf)
+	line := tok + ",herald-admin,herald-admin,\"system:masters\"\n"
+	return tok, os.WriteFile(path, []byte(line), 0o600)
+}
+
+// freeAddr returns a loopback address with a port that was free a moment
+// ago.
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func portAllocator(fixed []int) func() string {
+	i := 0
+	return func() string {
+		defer func() { i++ }()
+		if i < len(fixed) {
+			return "127.0.0.1:" + strconv.Itoa(fixed[i])
+		}
+		return freeAddr()
+	}
+}

@@ -1,0 +1,46 @@
+package kube
+
+import (
+	"net/http"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FromGRPC converts an error of the cache's gRPC contract (see
+// herald.proto) into the Kubernetes API error a client gets.
+func FromGRPC(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	msg := st.Message()
+	mk := func(code int32, reason metav1.StatusReason, d *metav1.StatusDetails) error {
+		return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg, Details: d}}
+	}
+	switch st.Code() {
+	case codes.OK:
+		return nil
+	case codes.InvalidArgument:
+		return mk(http.StatusBadRequest, metav1.StatusReasonBadRequest, nil)
+	case codes.FailedPrecondition:
+		return mk(http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, nil)
+	case codes.NotFound:
+		return mk(http.StatusNotFound, metav1.StatusReasonNotFound, nil)
+	case codes.OutOfRange:
+		return mk(http.StatusGone, metav1.StatusReasonExpired, nil)
+	case codes.DeadlineExceeded:
+		return mk(http.StatusGatewayTimeout, metav1.StatusReasonTimeout, &metav1.StatusDetails{
+			Causes:            []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}},
+			RetryAfterSeconds: 1,
+		})
+	case codes.ResourceExhausted:
+		return mk(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, &metav1.StatusDetails{RetryAfterSeconds: 1})
+	case codes.Unavailable, codes.Canceled, codes.Aborted:
+		msg = "the server is currently unable to handle the request: " + msg
+		return mk(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, &metav1.StatusDetails{RetryAfterSeconds: 1})
+	}
+	return err
+}

@@ -1,0 +1,185 @@
+package kube
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+func defaultRegistry(t testing.TB) *Registry {
+	t.Helper()
+	g, err := NewRegistry(DefaultPrefix, DefaultResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestParseKey(t *testing.T) {
+	g := defaultRegistry(t)
+	tests := []struct {
+		key, id, ns, name string
+		ok                bool
+	}{
+		{"/registry/pods/default/web-0", "pods", "default", "web-0", true},
+		{"/registry/nodes/node-7", "nodes", "", "node-7", true},
+		{"/registry/deployments/kube-system/dns", "deployments.apps", "kube-system", "dns", true},
+		{"/registry/pods/default", "pods", "", "", false},
+		{"/registry/pods/default/a/b", "pods", "", "", false},
+		{"/registry/nodes/a/b", "nodes", "", "", false},
+		{"/registry/unknown/x", "", "", "", false},
+		{"/registry/podsx/a/b", "", "", "", false},
+	}
+	for _, tt := range tests {
+		r, ns, name, ok := g.ParseKey(tt.key)
+		id := ""
+		if r != nil {
+			id = r.ID()
+		}
+		if id != tt.id || ns != tt.ns || name != tt.name || ok != tt.ok {
+			t.Errorf("ParseKey(%q) = %q %q %q %v, want %q %q %q %v", tt.key, id, ns, name, ok, tt.id, tt.ns, tt.name, tt.ok)
+		}
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	g := defaultRegistry(t)
+	pods, _ := g.ByID("pods")
+	in := `{"metadata":{"name":"web-0","namespace":"default","resourceVersion":"3","labels":{"app":"web"}},"spec":{"nodeName":"n1","hostNetwork":true,"big":12345678901234567890},"status":{"phase":"Running"}}`
+	o, err := Prepare(pods, "default", "web-0", []byte(in), 17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	dec := json.NewDecoder(strings.NewReader(string(o.JSON)))
+	dec.UseNumber()
+	if err := dec.Decode(&back); err != nil {
+		t.Fatal(err)
+	}
+	md := back["metadata"].(map[string]any)
+	if md["resourceVersion"] != "17" || back["kind"] != "Pod" || back["apiVersion"] != "v1" {
+		t.Fatalf("prepared object = %s", o.JSON)
+	}
+	if got := back["spec"].(map[string]any)["big"].(json.Number).String(); got != "12345678901234567890" {
+		t.Fatalf("large number changed to %s", got)
+	}
+	if o.Labels["app"] != "web" || o.Fields["spec.nodeName"] != "n1" || o.Fields["status.phase"] != "Running" ||
+		o.Fields["spec.hostNetwork"] != "true" || o.Fields["metadata.namespace"] != "default" {
+		t.Fatalf("labels %v fields %v", o.Labels, o.Fields)
+	}
+	del := o.WithRev(20)
+	if !strings.Contains(string(del), `"resourceVersion":"20"`) || !strings.Contains(string(o.JSON), `"resourceVersion":"17"`) {
+		t.Fatalf("WithRev: %s / %s", del, o.JSON)
+	}
+	for _, bad := range []string{`not json`, `[]`, `null`, `{"metadata":{"name":"other","namespace":"default"}}`,
+		`{"metadata":{"name":"web-0","namespace":"x"}}`, `{"metadata":{"name":"web-0","namespace":"default","labels":{"a":1}}}`} {
+		if _, err := Prepare(pods, "default", "web-0", []byte(bad), 1); !errors.Is(err, ErrInvalidObject) {
+			t.Errorf("Prepare(%s) error = %v, want ErrInvalidObject", bad, err)
+		}
+	}
+}
+
+func TestParseRequest(t *testing.T) {
+	g := defaultRegistry(t)
+	tests := []struct {
+		path, query string
+		id, ns, n   string
+		verb        Verb
+		code        int32
+	}{
+		{"/api/v1/pods", "", "pods", "", "", VerbList, 0},
+		{"/api/v1/pods", "watch=true", "pods", "", "", VerbWatch, 0},
+		{"/api/v1/namespaces/default/pods", "watch=1", "pods", "default", "", VerbWatch, 0},
+		{"/api/v1/namespaces/default/pods/web-0", "", "pods", "default", "web-0", VerbGet, 0},
+		{"/api/v1/namespaces/default", "", "namespaces", "", "default", VerbGet, 0},
+		{"/api/v1/namespaces", "", "namespaces", "", "", VerbList, 0},
+		{"/api/v1/nodes/n1", "", "nodes", "", "n1", VerbGet, 0},
+		{"/apis/apps/v1/namespaces/a/deployments", "", "deployments.apps", "a", "", VerbList, 0},
+		{"/api/v1/watch/namespaces/a/pods", "", "pods", "a", "", VerbWatch, 0},
+		{"/api/v1/widgets", "", "", "", "", "", http.StatusNotFound},
+		{"/api/v2/pods", "", "", "", "", "", http.StatusNotFound},
+		{"/api/v1/namespaces/a/nodes", "", "", "", "", "", http.StatusNotFound},
+		{"/api/v1/namespaces/a/pods/b/log", "", "", "", "", "", http.StatusMethodNotAllowed},
+		{"/api/v1/namespaces/Bad_NS/pods", "", "", "", "", "", http.StatusBadRequest},
+		{"/", "", "", "", "", "", http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		q, _ := url.ParseQuery(tt.query)
+		info, err := g.ParseRequest(tt.path, q)
+		if tt.code != 0 {
+			if apierrors.ReasonForError(err) == "" || StatusOf(err).Code != tt.code {
+				t.Errorf("%s: error %v, want code %d", tt.path, err, tt.code)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tt.path, err)
+			continue
+		}
+		if info.Resource.ID() != tt.id || info.Namespace != tt.ns || info.Name != tt.n || info.Verb != tt.verb {
+			t.Errorf("%s?%s = %s %q %q %s", tt.path, tt.query, info.Resource.ID(), info.Namespace, info.Name, info.Verb)
+		}
+	}
+}
+
+func TestSelectorAndDecide(t *testing.T) {
+	g := defaultRegistry(t)
+	pods, _ := g.ByID("pods")
+	s, err := ParseSelector(pods, "", "app=web", "spec.nodeName=n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Matches("a", map[string]string{"app": "web"}, map[string]string{"spec.nodeName": "n1"}) {
+		t.Fatal("should match")
+	}
+	if s.Matches("a", map[string]string{"app": "db"}, map[string]string{"spec.nodeName": "n1"}) {
+		t.Fatal("should not match")
+	}
+	if _, err := ParseSelector(pods, "", "", "spec.foo=x"); StatusOf(err).Code != 400 {
+		t.Fatalf("unsupported field: %v", err)
+	}
+	if _, err := ParseSelector(pods, "", "a in (", ""); StatusOf(err).Code != 400 {
+		t.Fatalf("bad label selector: %v", err)
+	}
+	cases := []struct {
+		kind      string
+		cur, prev bool
+		want      Transition
+	}{
+		{"ADDED", true, false, AsAdded}, {"ADDED", false, false, Skip},
+		{"MODIFIED", true, true, AsModified}, {"MODIFIED", true, false, AsAdded},
+		{"MODIFIED", false, true, AsDeletedPrev}, {"MODIFIED", false, false, Skip},
+		{"DELETED", true, false, AsDeleted}, {"DELETED", false, false, Skip},
+	}
+	for _, c := range cases {
+		if got := Decide(c.kind, c.cur, c.prev); got != c.want {
+			t.Errorf("Decide(%s,%v,%v) = %v, want %v", c.kind, c.cur, c.prev, got, c.want)
+		}
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	g := defaultRegistry(f)
+	f.Add("/api/v1/namespaces/default/pods/x", "watch=true&labelSelector=a%3Db")
+	f.Add("/apis/apps/v1/deployments", "fieldSelector=metadata.name%3Dx")
+	f.Fuzz(func(t *testing.T, path, query string) {
+		q, _ := url.ParseQuery(query)
+		info, err := g.ParseRequest(path, q)
+		if err != nil {
+			if c := StatusOf(err).Code; c < 400 || c >= 500 {
+				t.Fatalf("code %d for %q", c, path)
+			}
+			return
+		}
+		if _, err := ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), q.Get("fieldSelector")); err != nil {
+			if c := StatusOf(err).Code; c != 400 {
+				t.Fatalf("selector code %d", c)
+			}
+		}
+	})
+}

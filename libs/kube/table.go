@@ -1,0 +1,131 @@
+package kube
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/duration"
+)
+
+// WantsTable reports whether an Accept header asks for a meta.k8s.io Table
+// (as kubectl get does), in the first acceptable position.
+func WantsTable(accept string) bool {
+	for _, part := range strings.Split(accept, ",") {
+		part = strings.TrimSpace(part)
+		if strings.Contains(part, "as=Table") && strings.Contains(part, "g=meta.k8s.io") {
+			return true
+		}
+		if strings.HasPrefix(part, "application/json") || strings.HasPrefix(part, "*/*") {
+			return false
+		}
+	}
+	return false
+}
+
+// tableObject is the part of an object a Table row needs.
+type tableObject struct {
+	Metadata json.RawMessage `json:"metadata"`
+	Spec     struct {
+		Containers []struct{} `json:"containers"`
+	} `json:"spec"`
+	Status struct {
+		Phase             string `json:"phase"`
+		Reason            string `json:"reason"`
+		ContainerStatuses []struct {
+			Ready        bool  `json:"ready"`
+			RestartCount int32 `json:"restartCount"`
+			State        struct {
+				Waiting *struct {
+					Reason string `json:"reason"`
+				} `json:"waiting"`
+				Terminated *struct {
+					Reason string `json:"reason"`
+				} `json:"terminated"`
+			} `json:"state"`
+		} `json:"containerStatuses"`
+	} `json:"status"`
+}
+
+func columns(r *Resource) []metav1.TableColumnDefinition {
+	name := metav1.TableColumnDefinition{Name: "Name", Type: "string", Format: "name", Description: "Name of the object."}
+	age := metav1.TableColumnDefinition{Name: "Age", Type: "string", Description: "Time since the object was created."}
+	if r.Group == "" && r.Plural == "pods" {
+		return []metav1.TableColumnDefinition{
+			name,
+			{Name: "Ready", Type: "string", Description: "Ready containers out of all containers."},
+			{Name: "Status", Type: "string", Description: "The pod's phase, or why it is not running."},
+			{Name: "Restarts", Type: "string", Description: "Container restarts."},
+			age,
+		}
+	}
+	return []metav1.TableColumnDefinition{name, age}
+}
+
+func row(r *Resource, item []byte, now time.Time) metav1.TableRow {
+	var o tableObject
+	_ = json.Unmarshal(item, &o)
+	var meta metav1.ObjectMeta
+	_ = json.Unmarshal(o.Metadata, &meta)
+	age := "<unknown>"
+	if !meta.CreationTimestamp.IsZero() {
+		age = duration.HumanDuration(now.Sub(meta.CreationTimestamp.Time))
+	}
+	partial, _ := json.Marshal(struct {
+		Kind       string          `json:"kind"`
+		APIVersion string          `json:"apiVersion"`
+		Metadata   json.RawMessage `json:"metadata"`
+	}{"PartialObjectMetadata", "meta.k8s.io/v1", o.Metadata})
+	out := metav1.TableRow{Object: runtime.RawExtension{Raw: partial}}
+	if r.Group == "" && r.Plural == "pods" {
+		ready, restarts := 0, int32(0)
+		status := o.Status.Phase
+		if o.Status.Reason != "" {
+			status = o.Status.Reason
+		}
+		for _, c := range o.Status.ContainerStatuses {
+			if c.Ready {
+				ready++
+			}
+			restarts += c.RestartCount
+			switch {
+			case c.State.Waiting != nil && c.State.Waiting.Reason != "":
+				status = c.State.Waiting.Reason
+			case c.State.Terminated != nil && c.State.Terminated.Reason != "":
+				status = c.State.Terminated.Reason
+			}
+		}
+		if meta.DeletionTimestamp != nil {
+			status = "Terminating"
+		}
+		if status == "" {
+			status = "Unknown"
+		}
+		out.Cells = []any{meta.Name, strconv.Itoa(ready) + "/" + strconv.Itoa(len(o.Spec.Containers)), status, strconv.Itoa(int(restarts)), age}
+		return out
+	}
+	out.Cells = []any{meta.Name, age}
+	return out
+}
+
+// Table renders items (objects of r as served) as a meta.k8s.io/v1 Table.
+// withColumns false leaves out the column definitions (watch events after
+// the first).
+func Table(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, now time.Time) []byte {
+	t := metav1.Table{
+		TypeMeta: metav1.TypeMeta{Kind: "Table", APIVersion: "meta.k8s.io/v1"},
+		ListMeta: listMeta,
+		Rows:     make([]metav1.TableRow, 0, len(items)),
+	}
+	if withColumns {
+		t.ColumnDefinitions = columns(r)
+	}
+	for _, it := range items {
+		t.Rows = append(t.Rows, row(r, it, now))
+	}
+	b, _ := json.Marshal(t)
+	return b
+}

@@ -1,0 +1,3 @@
+module herald.dev/libs/rv
+
+go 1.26

@@ -1,0 +1,176 @@
+package rv
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Version
+		err  error
+	}{
+		{"", Version{Kind: Unset}, nil},
+		{"0", Version{Kind: Any}, nil},
+		{"1", Version{Kind: At, Rev: 1}, nil},
+		{"9223372036854775807", Version{Kind: At, Rev: 9223372036854775807}, nil},
+		{"9223372036854775808", Version{}, ErrMalformed},
+		{"abc", Version{}, ErrMalformed},
+		{"-1", Version{}, ErrMalformed},
+		{"+1", Version{}, ErrMalformed},
+		{"01", Version{}, ErrMalformed},
+		{" 1", Version{}, ErrMalformed},
+		{"1 ", Version{}, ErrMalformed},
+		{"1.5", Version{}, ErrMalformed},
+	}
+	for _, tt := range tests {
+		got, err := Parse(tt.in)
+		if !errors.Is(err, tt.err) || (err == nil && tt.err != nil) {
+			t.Errorf("Parse(%q) error = %v, want %v", tt.in, err, tt.err)
+			continue
+		}
+		if got != tt.want {
+			t.Errorf("Parse(%q) = %+v, want %+v", tt.in, got, tt.want)
+		}
+		if err == nil && got.String() != tt.in {
+			t.Errorf("Parse(%q).String() = %q", tt.in, got.String())
+		}
+	}
+}
+
+func TestPlanList(t *testing.T) {
+	tok := Token{Rev: 42, After: "/registry/pods/a/b"}.Encode()
+	tests := []struct {
+		name          string
+		rv, match, co string
+		limit         int64
+		want          ListPlan
+		err           error
+	}{
+		{"unset", "", "", "", 0, ListPlan{Mode: ListConsistent}, nil},
+		{"unset limit", "", "", "", 10, ListPlan{Mode: ListConsistent, Limit: 10}, nil},
+		{"zero ignores limit", "0", "", "", 10, ListPlan{Mode: ListAny}, nil},
+		{"zero not older", "0", "NotOlderThan", "", 0, ListPlan{Mode: ListAny}, nil},
+		{"n", "7", "", "", 5, ListPlan{Mode: ListNotOlderThan, Rev: 7, Limit: 5}, nil},
+		{"n not older", "7", "NotOlderThan", "", 0, ListPlan{Mode: ListNotOlderThan, Rev: 7}, nil},
+		{"n exact", "7", "Exact", "", 3, ListPlan{Mode: ListExact, Rev: 7, Limit: 3}, nil},
+		{"continue", "", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, After: "/registry/pods/a/b"}}, nil},
+		{"continue rv0", "0", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, After: "/registry/pods/a/b"}}, nil},
+		{"continue with rv", "5", "", tok, 3, ListPlan{}, ErrInvalidCombination},
+		{"continue with match", "5", "Exact", tok, 3, ListPlan{}, ErrInvalidCombination},
+		{"bad continue", "", "", "!!", 3, ListPlan{}, ErrMalformed},
+		{"match without rv", "", "Exact", "", 0, ListPlan{}, ErrInvalidCombination},
+		{"exact zero", "0", "Exact", "", 0, ListPlan{}, ErrInvalidCombination},
+		{"unknown match", "5", "Newest", "", 0, ListPlan{}, ErrInvalidCombination},
+		{"bad rv", "x", "", "", 0, ListPlan{}, ErrMalformed},
+		{"negative limit", "", "", "", -1, ListPlan{}, ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := PlanList(tt.rv, tt.match, tt.co, tt.limit)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("error = %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanWatch(t *testing.T) {
+	yes, no := true, false
+	tests := []struct {
+		name      string
+		rv, match string
+		sie       *bool
+		bookmarks bool
+		want      WatchPlan
+		err       error
+	}{
+		{"unset", "", "", nil, false, WatchPlan{Mode: WatchFromState, Consistent: true}, nil},
+		{"zero", "0", "", nil, false, WatchPlan{Mode: WatchFromState}, nil},
+		{"n", "12", "", nil, true, WatchPlan{Mode: WatchAfter, Rev: 12}, nil},
+		{"watchlist unset", "", "NotOlderThan", &yes, true, WatchPlan{Mode: WatchFromState, Consistent: true, InitialEventsEnd: true}, nil},
+		{"watchlist zero", "0", "NotOlderThan", &yes, true, WatchPlan{Mode: WatchFromState, InitialEventsEnd: true}, nil},
+		{"watchlist n", "9", "NotOlderThan", &yes, true, WatchPlan{Mode: WatchFromState, Rev: 9, InitialEventsEnd: true}, nil},
+		{"watchlist needs bookmarks", "", "NotOlderThan", &yes, false, WatchPlan{}, ErrInvalidCombination},
+		{"watchlist needs match", "", "", &yes, true, WatchPlan{}, ErrInvalidCombination},
+		{"sie false unset", "", "NotOlderThan", &no, false, WatchPlan{Mode: WatchFromNow, Consistent: true}, nil},
+		{"sie false zero", "0", "NotOlderThan", &no, false, WatchPlan{Mode: WatchFromNow}, nil},
+		{"sie false n", "4", "NotOlderThan", &no, false, WatchPlan{Mode: WatchAfter, Rev: 4}, nil},
+		{"match without sie", "4", "NotOlderThan", nil, false, WatchPlan{}, ErrInvalidCombination},
+		{"exact match", "4", "Exact", &yes, true, WatchPlan{}, ErrInvalidCombination},
+		{"bad rv", "abc", "", nil, false, WatchPlan{}, ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := PlanWatch(tt.rv, tt.match, tt.sie, tt.bookmarks)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("error = %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTokenRoundTrip(t *testing.T) {
+	in := Token{Rev: 99, After: "/registry/pods/ns-1/web-0"}
+	out, err := DecodeToken(in.Encode())
+	if err != nil || out != in {
+		t.Fatalf("round trip = %+v, %v; want %+v", out, err, in)
+	}
+	for _, bad := range []string{"", "e30", "eyJ2IjoieCJ9", in.Encode() + "x"} {
+		if _, err := DecodeToken(bad); !errors.Is(err, ErrMalformed) {
+			t.Errorf("DecodeToken(%q) error = %v, want ErrMalformed", bad, err)
+		}
+	}
+}
+
+func FuzzDecodeToken(f *testing.F) {
+	f.Add(Token{Rev: 1, After: "/registry/pods/a/b"}.Encode())
+	f.Add("")
+	f.Add("eyJ2IjoiaGVyYWxkL3YxIiwicnYiOjEsImFmdGVyIjoiLyJ9")
+	f.Fuzz(func(t *testing.T, s string) {
+		tok, err := DecodeToken(s)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("unclassified error %v", err)
+			}
+			return
+		}
+		again, err := DecodeToken(tok.Encode())
+		if err != nil || again != tok {
+			t.Fatalf("re-encode of %+v = %+v, %v", tok, again, err)
+		}
+	})
+}
+
+func FuzzPlan(f *testing.F) {
+	f.Add("5", "Exact", "", int64(1))
+	f.Add("", "", "", int64(0))
+	f.Fuzz(func(t *testing.T, rvs, match, cont string, limit int64) {
+		if _, err := PlanList(rvs, match, cont, limit); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrInvalidCombination) {
+			t.Fatalf("unclassified error %v", err)
+		}
+		b := limit%2 == 0
+		if _, err := PlanWatch(rvs, match, &b, b); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrInvalidCombination) {
+			t.Fatalf("unclassified error %v", err)
+		}
+	})
+}

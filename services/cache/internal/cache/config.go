@@ -1,0 +1,117 @@
+package cache
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"herald.dev/libs/kube"
+)
+
+// Config is the whole configuration of a cache shard replica.
+type Config struct {
+	EtcdEndpoints   string
+	EtcdDialTimeout time.Duration
+	Prefix          string
+	ResourcesFile   string
+	NATSURL         string
+	Stream          string
+	// Resources this shard owns (registry IDs); empty for all.
+	Resources string
+	// Partitions of each owned resource this shard owns; empty for all.
+	Partitions        string
+	WindowSizes       string
+	DefaultWindowSize int
+	WaitTimeout       time.Duration
+	SubscriberBuffer  int
+	GRPCAddr          string
+	AdminAddr         string
+	MaxRecvBytes      int
+}
+
+// RegisterFlags registers every flag of c on fs with its default.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.EtcdEndpoints, "etcd.endpoints", "http://127.0.0.1:2379", "Comma-separated etcd client URLs (snapshots and consistent reads).")
+	fs.DurationVar(&c.EtcdDialTimeout, "etcd.dial-timeout", 5*time.Second, "Timeout for connecting to etcd.")
+	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
+	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
+	fs.StringVar(&c.NATSURL, "nats.url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated.")
+	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
+	fs.StringVar(&c.Resources, "shard.resources", "", "Comma-separated resource IDs this shard owns (e.g. pods,deployments.apps); empty for all.")
+	fs.StringVar(&c.Partitions, "shard.partitions", "", fmt.Sprintf("Comma-separated namespace partitions (0-%d) of the owned resources; empty for all.", kube.Partitions-1))
+	fs.StringVar(&c.WindowSizes, "watch-cache-sizes", "", "Per-resource window sizes in kube-apiserver's format, e.g. pods#1000,nodes#500.")
+	fs.IntVar(&c.DefaultWindowSize, "default-watch-cache-size", 1000, "Window size (events) of resources not named in watch-cache-sizes.")
+	fs.DurationVar(&c.WaitTimeout, "wait-timeout", 3*time.Second, "How long a read waits for the shard to reach a requested or etcd's current revision.")
+	fs.IntVar(&c.SubscriberBuffer, "subscriber-buffer", 4096, "Revisions buffered per following watch stream before it is cut off as too slow.")
+	fs.StringVar(&c.GRPCAddr, "grpc.addr", "127.0.0.1:7100", "Address of the gRPC server (List, Watch).")
+	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9100", "Address of the admin server (/livez, /readyz, /metrics).")
+	fs.IntVar(&c.MaxRecvBytes, "grpc.max-recv-bytes", 1<<20, "Largest gRPC request accepted.")
+}
+
+// Validate reports configuration errors.
+func (c *Config) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.EtcdEndpoints) == "" {
+		errs = append(errs, errors.New("etcd.endpoints is empty"))
+	}
+	if _, err := c.partitionSet(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.windowSizes(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.DefaultWindowSize < 1 {
+		errs = append(errs, errors.New("default-watch-cache-size must be at least 1"))
+	}
+	if c.WaitTimeout <= 0 || c.SubscriberBuffer < 1 {
+		errs = append(errs, errors.New("wait-timeout and subscriber-buffer must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) endpoints() []string {
+	var out []string
+	for _, e := range strings.Split(c.EtcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// partitionSet returns the owned partitions (nil: all).
+func (c *Config) partitionSet() (map[int]bool, error) {
+	if strings.TrimSpace(c.Partitions) == "" {
+		return nil, nil
+	}
+	out := map[int]bool{}
+	for _, p := range strings.Split(c.Partitions, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 0 || n >= kube.Partitions {
+			return nil, fmt.Errorf("shard.partitions: %q is not a partition (0-%d)", p, kube.Partitions-1)
+		}
+		out[n] = true
+	}
+	return out, nil
+}
+
+// windowSizes parses "pods#1000,nodes#500". Resources may be named by ID or
+// by plural (kube-apiserver's form).
+func (c *Config) windowSizes() (map[string]int, error) {
+	out := map[string]int{}
+	if strings.TrimSpace(c.WindowSizes) == "" {
+		return out, nil
+	}
+	for _, item := range strings.Split(c.WindowSizes, ",") {
+		name, size, ok := strings.Cut(strings.TrimSpace(item), "#")
+		n, err := strconv.Atoi(size)
+		if !ok || name == "" || err != nil || n < 1 {
+			return nil, fmt.Errorf("watch-cache-sizes: %q is not resource#size with size >= 1", item)
+		}
+		out[name] = n
+	}
+	return out, nil
+}

@@ -1,0 +1,97 @@
+// Command fanout runs one fanout replica: client watch streams fed by one
+// shared upstream stream per resource from the cache.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/service"
+	"herald.dev/services/fanout/internal/fanout"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "fanout:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg fanout.Config
+	var logCfg service.LogConfig
+	fs := flag.NewFlagSet("fanout", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	logCfg.RegisterFlags(fs)
+	if err := service.ParseFlags(fs, os.Args[1:]); err != nil {
+		return err
+	}
+	log, err := logCfg.NewLogger(os.Stderr, "fanout")
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	conn, err := grpc.NewClient(cfg.CacheAddr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return fmt.Errorf("cache client: %w", err)
+	}
+	defer conn.Close()
+
+	admin := service.NewAdmin()
+	srvCtx, cancelHubs := context.WithCancel(context.Background())
+	defer cancelHubs()
+	handler, err := fanout.NewServer(srvCtx, cfg, log, heraldv1.NewCacheClient(conn), admin.Registry)
+	if err != nil {
+		return err
+	}
+	admin.AddReadyCheck("cache-connection", func() error { return nil })
+	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		BaseContext:       func(net.Listener) context.Context { return srvCtx },
+	}
+	go func() {
+		<-ctx.Done()
+		// Watches never finish on their own: end them, clients resume
+		// elsewhere.
+		cancelHubs()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	log.Info("fanout starting", "http", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.CacheAddr)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("fanout stopped")
+	return nil
+}

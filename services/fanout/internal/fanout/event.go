@@ -1,0 +1,100 @@
+package fanout
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+// item is one event as the fanout holds it: the cache's prepared event and
+// its wire encodings, each made at most once and shared by every watcher
+// (encode once, write many).
+type item struct {
+	ev    *heraldv1.Event
+	lines [4]atomic.Pointer[[]byte] // by kube.Transition-1
+}
+
+func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }
+
+var typeNames = [...]string{kube.AsAdded: "ADDED", kube.AsModified: "MODIFIED", kube.AsDeleted: "DELETED", kube.AsDeletedPrev: "DELETED"}
+
+func kindOf(t heraldv1.EventType) string {
+	switch t {
+	case heraldv1.EventType_ADDED:
+		return "ADDED"
+	case heraldv1.EventType_MODIFIED:
+		return "MODIFIED"
+	case heraldv1.EventType_DELETED:
+		return "DELETED"
+	}
+	return "BOOKMARK"
+}
+
+// object returns the object a watcher sees for transition t.
+func (it *item) object(t kube.Transition) []byte {
+	if t == kube.AsDeletedPrev {
+		return it.ev.PrevObject
+	}
+	return it.ev.Object
+}
+
+// line returns the JSON watch line for transition t.
+func (it *item) line(t kube.Transition) []byte {
+	slot := &it.lines[t-1]
+	if p := slot.Load(); p != nil {
+		return *p
+	}
+	b := encodeLine(typeNames[t], it.object(t))
+	slot.Store(&b)
+	return b
+}
+
+func encodeLine(typ string, obj []byte) []byte {
+	b := make([]byte, 0, len(obj)+32)
+	b = append(b, `{"type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","object":`...)
+	b = append(b, obj...)
+	b = append(b, "}\n"...)
+	return b
+}
+
+// transition decides what a watcher with selector sel sees of it.
+func (it *item) transition(sel *kube.Selector) kube.Transition {
+	ev := it.ev
+	if sel.Namespace != "" && ev.Namespace != sel.Namespace {
+		return kube.Skip
+	}
+	kind := kindOf(ev.Type)
+	if sel.Empty {
+		return kube.Decide(kind, true, true)
+	}
+	cur := sel.Matches(ev.Namespace, ev.Labels, ev.Fields)
+	prev := false
+	if ev.Type == heraldv1.EventType_MODIFIED {
+		prev = sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
+	}
+	return kube.Decide(kind, cur, prev)
+}
+
+// bookmarkLine encodes a BOOKMARK: an object of the resource's kind with
+// only resourceVersion set (and the initial-events-end annotation when
+// initialEnd).
+func bookmarkLine(r *kube.Resource, rev int64, initialEnd bool) []byte {
+	meta := map[string]any{"resourceVersion": formatRev(rev)}
+	if initialEnd {
+		meta["annotations"] = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+	}
+	obj, _ := json.Marshal(map[string]any{"kind": r.Kind, "apiVersion": r.GroupVersion(), "metadata": meta})
+	return encodeLine("BOOKMARK", obj)
+}
+
+// tableLine encodes an event for a watcher that asked for Tables.
+func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool) []byte {
+	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{}, withColumns, time.Now()))
+}

@@ -1,0 +1,401 @@
+// Package fanout owns client watch streams: one shared upstream stream per
+// resource from the cache, each event encoded once, filtered per watcher and
+// pushed into the watcher's bounded queue; a watcher that cannot keep up is
+// closed and resumes from its last resourceVersion.
+//
+// Invariants:
+//   - A watcher receives events in strictly increasing resourceVersion (events
+//     of one transaction share one), each once: catch-up from the cache ends
+//     at a revision r and the watcher joins the shared stream after r.
+//   - Dispatch never blocks on a watcher.
+//   - The replica keeps no state a client depends on: any replica can serve
+//     any resume.
+package fanout
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/rv"
+)
+
+type metrics struct {
+	watchers         prometheus.Gauge
+	terminated       *prometheus.CounterVec
+	events           *prometheus.CounterVec
+	sent             *prometheus.CounterVec
+	sentBytes        *prometheus.CounterVec
+	latency          prometheus.Histogram
+	upstreamRestarts *prometheus.CounterVec
+	rejected         prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		watchers:         f.NewGauge(prometheus.GaugeOpts{Name: "herald_fanout_watchers", Help: "Open client watch streams on this replica."}),
+		terminated:       f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_terminated_watchers_total", Help: "Watchers closed by the server, by resource and reason."}, []string{"resource", "reason"}),
+		events:           f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_watch_cache_events_dispatched_total", Help: "Events received from the cache and dispatched to watchers, by resource."}, []string{"resource"}),
+		sent:             f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_watch_events_total", Help: "Events written to watchers, by resource."}, []string{"resource"}),
+		sentBytes:        f.NewCounterVec(prometheus.CounterOpts{Name: "herald_fanout_watch_bytes_total", Help: "Bytes written to watchers, by resource."}, []string{"resource"}),
+		latency:          f.NewHistogram(prometheus.HistogramOpts{Name: "herald_event_delivery_latency_seconds", Help: "From ingest receiving a change from etcd to the event being written to a watcher.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
+		upstreamRestarts: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_fanout_upstream_restarts_total", Help: "Upstream cache streams re-established, by resource."}, []string{"resource"}),
+		rejected:         f.NewCounter(prometheus.CounterOpts{Name: "herald_fanout_rejected_watches_total", Help: "Watches refused because the replica was at max-watchers."}),
+	}
+}
+
+// Server is a fanout replica's watch HTTP handler.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	reg   *kube.Registry
+	cache heraldv1.CacheClient
+	m     *metrics
+	ctx   context.Context
+
+	mu       sync.Mutex
+	hubs     map[string]*hub
+	watchers atomic.Int64
+}
+
+// NewServer creates a replica serving watches from cache. Hubs live until
+// ctx ends.
+func NewServer(ctx context.Context, cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, log: log, reg: reg, cache: cache, m: newMetrics(promReg), ctx: ctx, hubs: map[string]*hub{}}, nil
+}
+
+func (s *Server) hub(r *kube.Resource) *hub {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.hubs[r.ID()]
+	if !ok {
+		h = newHub(r, s.cache, s.cfg.RingSize, s.log, s.m)
+		s.hubs[r.ID()] = h
+		go h.run(s.ctx)
+	}
+	return h
+}
+
+func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
+
+func planError(err error) error {
+	if errors.Is(err, rv.ErrInvalidCombination) {
+		return kube.FromGRPC(status.Error(codes.FailedPrecondition, err.Error()))
+	}
+	return badRequest(err.Error())
+}
+
+// ServeHTTP serves one watch request (the frontdoor has authenticated and
+// authorized it).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		kube.WriteStatus(w, apierrors.NewMethodNotSupported(schemaGR(""), r.Method))
+		return
+	}
+	q := r.URL.Query()
+	info, err := s.reg.ParseRequest(r.URL.Path, q)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	if info.Verb != kube.VerbWatch {
+		kube.WriteStatus(w, badRequest("this server only serves watch requests"))
+		return
+	}
+	fieldSel := q.Get("fieldSelector")
+	if info.Name != "" {
+		// A watch on /{resource}/{name} watches one object.
+		fs, err := fields.ParseSelector(fieldSel)
+		if err != nil {
+			kube.WriteStatus(w, badRequest("invalid field selector: "+err.Error()))
+			return
+		}
+		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
+	}
+	sel, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), fieldSel)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	var sendInitial *bool
+	if v := q.Get("sendInitialEvents"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			kube.WriteStatus(w, badRequest("sendInitialEvents must be true or false"))
+			return
+		}
+		sendInitial = &b
+	}
+	bookmarks := false
+	if v := q.Get("allowWatchBookmarks"); v != "" {
+		if bookmarks, err = strconv.ParseBool(v); err != nil {
+			kube.WriteStatus(w, badRequest("allowWatchBookmarks must be true or false"))
+			return
+		}
+	}
+	plan, err := rv.PlanWatch(q.Get("resourceVersion"), q.Get("resourceVersionMatch"), sendInitial, bookmarks)
+	if err != nil {
+		kube.WriteStatus(w, planError(err))
+		return
+	}
+	timeout := s.cfg.MinTimeout + rand.N(s.cfg.MaxTimeout-s.cfg.MinTimeout+1)
+	if v := q.Get("timeoutSeconds"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			kube.WriteStatus(w, badRequest("timeoutSeconds must be a non-negative integer"))
+			return
+		}
+		if n > 0 {
+			timeout = time.Duration(min(n, 1<<31)) * time.Second
+		}
+	}
+	if s.watchers.Add(1) > int64(s.cfg.MaxWatchers) {
+		s.watchers.Add(-1)
+		s.m.rejected.Inc()
+		kube.WriteStatus(w, apierrors.NewTooManyRequests("too many watches on this replica, please try again later", 1))
+		return
+	}
+	s.m.watchers.Inc()
+	defer func() {
+		s.watchers.Add(-1)
+		s.m.watchers.Dec()
+	}()
+	h := s.hub(info.Resource)
+	if !h.waitSynced(r.Context(), s.cfg.UpstreamWait) {
+		kube.WriteStatus(w, apierrors.NewServiceUnavailable("the watch cache is not ready yet"))
+		return
+	}
+
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, table: kube.WantsTable(r.Header.Get("Accept")), m: s.m}
+	ct := "application/json"
+	if st.table {
+		ct = "application/json;as=Table;v=v1;g=meta.k8s.io"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Cache-Control", "no-cache, private")
+	w.WriteHeader(http.StatusOK)
+	st.flush()
+
+	wt := newWatcher(sel, s.cfg.QueueEvents, s.cfg.QueueBytes)
+	defer h.leave(wt)
+	last, err := s.start(ctx, st, h, wt, info, plan)
+	if err != nil {
+		if ctx.Err() == nil {
+			st.raw(kube.ErrorEvent(kube.FromGRPC(err)))
+			st.flush()
+		}
+		return
+	}
+	s.serve(ctx, st, h, wt, last, bookmarks)
+}
+
+// start sends the initial events (if any) and catches the watcher up until
+// it has joined the hub; it returns the revision it joined after.
+func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info kube.RequestInfo, plan rv.WatchPlan) (int64, error) {
+	var last int64
+	switch plan.Mode {
+	case rv.WatchFromState:
+		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
+			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent})
+		if err != nil {
+			return 0, err
+		}
+		if plan.InitialEventsEnd {
+			st.raw(bookmarkLine(info.Resource, rev, true))
+		}
+		st.flush()
+		last = rev
+	case rv.WatchAfter:
+		last = plan.Rev
+	case rv.WatchFromNow:
+		last = h.head.Load()
+	}
+	for {
+		wt.after = last
+		backlog, _, ok := h.join(wt, last)
+		if ok {
+			for _, it := range backlog {
+				if t := it.transition(wt.sel); t != kube.Skip {
+					st.event(it, t)
+				}
+			}
+			st.flush()
+			return last, st.err
+		}
+		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last})
+		if err != nil {
+			return 0, err
+		}
+		if rev <= last {
+			// The cache is no further than we are and the hub is not
+			// synced yet: wait for it rather than spin.
+			if !h.waitSynced(ctx, s.cfg.UpstreamWait) {
+				return 0, status.Error(codes.Unavailable, "upstream not ready")
+			}
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		last = max(last, rev)
+	}
+}
+
+// replay streams a non-following cache watch to the client, filtered by sel,
+// and returns the revision the cache said it was complete through.
+func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
+	cs, err := s.cache.Watch(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	var through int64
+	for {
+		resp, err := cs.Recv()
+		if errors.Is(err, io.EOF) {
+			return through, st.err
+		}
+		if err != nil {
+			return 0, err
+		}
+		for _, ev := range resp.Events {
+			if ev.Type == heraldv1.EventType_BOOKMARK {
+				through = max(through, ev.Revision)
+				continue
+			}
+			it := newItem(ev)
+			if t := it.transition(sel); t != kube.Skip {
+				st.event(it, t)
+			}
+		}
+		st.flush()
+		if st.err != nil {
+			return 0, st.err
+		}
+	}
+}
+
+// serve drains the watcher's queue to the client until the client leaves,
+// the watch times out or the watcher is closed.
+func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, last int64, bookmarks bool) {
+	var tick <-chan time.Time
+	if bookmarks {
+		t := time.NewTicker(s.cfg.BookmarkInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	st.last = max(st.last, last)
+	for st.err == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wt.done:
+			s.m.terminated.WithLabelValues(st.res.ID(), wt.reason).Inc()
+			// Deliver what was queued before the overflow, then end the
+			// stream: the client resumes after the last one.
+			s.drain(st, wt, -1)
+			return
+		case q := <-wt.q:
+			wt.dequeued(q)
+			st.event(q.it, q.t)
+			s.drain(st, wt, 256)
+			st.flush()
+		case <-tick:
+			// Everything up to the hub's head has been queued; write it,
+			// then the bookmark.
+			head := h.head.Load()
+			s.drain(st, wt, -1)
+			st.raw(bookmarkLine(st.res, max(head, st.last), false))
+			st.flush()
+		}
+	}
+}
+
+// drain writes up to n (all, when n < 0) queued events without blocking.
+func (s *Server) drain(st *stream, wt *watcher, n int) {
+	for i := 0; n < 0 || i < n; i++ {
+		select {
+		case q := <-wt.q:
+			wt.dequeued(q)
+			st.event(q.it, q.t)
+		default:
+			return
+		}
+	}
+}
+
+// stream writes one client's watch response.
+type stream struct {
+	w         http.ResponseWriter
+	rc        *http.ResponseController
+	res       *kube.Resource
+	table     bool
+	tableCols bool
+	m         *metrics
+	last      int64
+	err       error
+}
+
+func (st *stream) raw(b []byte) {
+	if st.err != nil {
+		return
+	}
+	_, st.err = st.w.Write(b)
+}
+
+func (st *stream) event(it *item, t kube.Transition) {
+	var b []byte
+	if st.table {
+		b = tableLine(st.res, typeNames[t], it.object(t), !st.tableCols)
+		st.tableCols = true
+	} else {
+		b = it.line(t)
+	}
+	st.raw(b)
+	if st.err != nil {
+		return
+	}
+	st.last = it.ev.Revision
+	st.m.sent.WithLabelValues(st.res.ID()).Inc()
+	st.m.sentBytes.WithLabelValues(st.res.ID()).Add(float64(len(b)))
+	if it.ev.ObservedUnixNano > 0 {
+		st.m.latency.Observe(time.Since(time.Unix(0, it.ev.ObservedUnixNano)).Seconds())
+	}
+}
+
+func (st *stream) flush() {
+	if st.err == nil {
+		st.err = st.rc.Flush()
+	}
+}
+
+func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }
+
+func schemaGR(resource string) schema.GroupResource { return schema.GroupResource{Resource: resource} }

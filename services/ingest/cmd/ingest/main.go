@@ -1,0 +1,53 @@
+// Command ingest tails etcd and appends every revision to the JetStream
+// stream. Several replicas run; one leads.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"herald.dev/libs/service"
+	"herald.dev/services/ingest/internal/ingest"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "ingest:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg ingest.Config
+	var logCfg service.LogConfig
+	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	logCfg.RegisterFlags(fs)
+	if err := service.ParseFlags(fs, os.Args[1:]); err != nil {
+		return err
+	}
+	log, err := logCfg.NewLogger(os.Stderr, "ingest")
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	admin := service.NewAdmin()
+	in, err := ingest.New(cfg, log, admin.Registry)
+	if err != nil {
+		return err
+	}
+	admin.AddReadyCheck("ingest", in.Ready)
+	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
+		return err
+	}
+	log.Info("ingest starting", "admin", admin.Addr(), "etcd", cfg.EtcdEndpoints, "nats", cfg.NATSURL)
+	err = in.Run(ctx)
+	log.Info("ingest stopped")
+	return err
+}
