@@ -436,7 +436,7 @@ func (i *Ingest) change(ev *clientv3.Event) *heraldv1.Change {
 		c.CreateRevision = ev.Kv.CreateRevision
 		if _, _, _, ok := i.reg.ParseKey(key); ok && !isJSONObject(c.Value) {
 			i.m.invalid.Inc()
-			i.log.Warn("value is not a JSON object; caches will skip it", "key", key, "revision", ev.Kv.ModRevision)
+			i.log.Debug("value is not a JSON object; caches will skip it", "key", key, "revision", ev.Kv.ModRevision)
 		}
 	}
 	if size := len(c.Value) + len(c.PrevValue) + len(c.Key) + 64; size > i.cfg.MaxMessageBytes {
