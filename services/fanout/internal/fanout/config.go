@@ -23,6 +23,7 @@ type Config struct {
 	MinTimeout       time.Duration
 	MaxTimeout       time.Duration
 	UpstreamWait     time.Duration
+	GzipInitial      bool
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -39,6 +40,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.BookmarkInterval, "bookmark-interval", time.Minute, "How often a watcher that allows bookmarks gets one.")
 	fs.DurationVar(&c.MinTimeout, "watch.min-timeout", 30*time.Minute, "Lower bound of the random server-side watch timeout (when the client sets none).")
 	fs.DurationVar(&c.MaxTimeout, "watch.max-timeout", time.Hour, "Upper bound of the random server-side watch timeout.")
+	fs.BoolVar(&c.GzipInitial, "watch.gzip-initial", true, "Gzip watch streams that start with initial state (sendInitialEvents, resourceVersion unset or 0) when the client accepts gzip.")
 	fs.DurationVar(&c.UpstreamWait, "upstream-wait", 5*time.Second, "How long a new watch waits for the resource's upstream stream before 503.")
 }
 

@@ -13,6 +13,7 @@
 package fanout
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,6 +202,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", ct)
 	w.Header().Set("Cache-Control", "no-cache, private")
+	// Compress only streams that start with a list's worth of initial
+	// state, and only when asked: compressing every event for every watcher
+	// would undo encode-once (kube-apiserver never compresses watches).
+	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && acceptsGzip(r) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Add("Vary", "Accept-Encoding")
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		defer gz.Close()
+		st.gz = gz
+	}
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 
@@ -354,6 +366,7 @@ func (s *Server) drain(st *stream, wt *watcher, n int) {
 // stream writes one client's watch response.
 type stream struct {
 	w         http.ResponseWriter
+	gz        *gzip.Writer // nil: uncompressed
 	rc        *http.ResponseController
 	res       *kube.Resource
 	table     bool
@@ -365,6 +378,10 @@ type stream struct {
 
 func (st *stream) raw(b []byte) {
 	if st.err != nil {
+		return
+	}
+	if st.gz != nil {
+		_, st.err = st.gz.Write(b)
 		return
 	}
 	_, st.err = st.w.Write(b)
@@ -391,9 +408,21 @@ func (st *stream) event(it *item, t kube.Transition) {
 }
 
 func (st *stream) flush() {
+	if st.err == nil && st.gz != nil {
+		st.err = st.gz.Flush()
+	}
 	if st.err == nil {
 		st.err = st.rc.Flush()
 	}
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for _, p := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		if enc, _, _ := strings.Cut(strings.TrimSpace(p), ";"); enc == "gzip" {
+			return true
+		}
+	}
+	return false
 }
 
 func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }
