@@ -279,3 +279,30 @@ func metric(t testing.TB, p *stack.Proc, name string) float64 {
 	}
 	return sum
 }
+
+// metricLabeled sums the samples of name whose labels contain labels.
+func metricLabeled(t testing.TB, p *stack.Proc, name, labels string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		all := true
+		for _, l := range strings.Split(labels, ",") {
+			all = all && strings.Contains(line, l)
+		}
+		if all {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}

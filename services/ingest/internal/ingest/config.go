@@ -36,7 +36,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdEndpoints, "etcd.endpoints", "http://127.0.0.1:2379", "Comma-separated etcd client URLs.")
 	fs.DurationVar(&c.EtcdDialTimeout, "etcd.dial-timeout", 5*time.Second, "Timeout for connecting to etcd.")
 	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
-	fs.StringVar(&c.ResourcesFile, "resources", "", "Resource registry file (JSON); empty for the built-in resources.")
+	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
 	fs.StringVar(&c.NATSURL, "nats.url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated.")
 	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
 	fs.IntVar(&c.StreamReplicas, "stream.replicas", 1, "Stream replicas (1, 3 or 5).")
