@@ -1,0 +1,629 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// overlays are the renderings that must hold; each is deploy/k8s/overlays/<name>.
+var overlays = []string{"dev", "prod"}
+
+// heraldServices are the Herald binaries (services/<name>/cmd/<name>).
+var heraldServices = []string{"ingest", "cache", "fanout", "frontdoor"}
+
+// addrFlags bind a listener; the port they name must be a declared
+// containerPort.
+var addrFlags = []string{"addr", "admin.addr", "grpc.addr", "http.addr"}
+
+// peerFlags name other services; every host:port in them must be a port of a
+// Service in the same rendering.
+var peerFlags = []string{"etcd.endpoints", "nats.url", "cache.addr", "fanout.addrs"}
+
+// newObject returns the typed object for an apiVersion and kind. A kind the
+// manifests should not contain is an error, not a pass.
+func newObject(apiVersion, kind string) (any, error) {
+	switch apiVersion + "/" + kind {
+	case "v1/Namespace":
+		return &corev1.Namespace{}, nil
+	case "v1/Service":
+		return &corev1.Service{}, nil
+	case "v1/ServiceAccount":
+		return &corev1.ServiceAccount{}, nil
+	case "v1/ConfigMap":
+		return &corev1.ConfigMap{}, nil
+	case "apps/v1/Deployment":
+		return &appsv1.Deployment{}, nil
+	case "apps/v1/StatefulSet":
+		return &appsv1.StatefulSet{}, nil
+	case "autoscaling/v2/HorizontalPodAutoscaler":
+		return &autoscalingv2.HorizontalPodAutoscaler{}, nil
+	case "policy/v1/PodDisruptionBudget":
+		return &policyv1.PodDisruptionBudget{}, nil
+	case "networking.k8s.io/v1/NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, nil
+	case "rbac.authorization.k8s.io/v1/Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1/RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
+	}
+	return nil, fmt.Errorf("unexpected kind %s %s", apiVersion, kind)
+}
+
+// rendering is one overlay decoded into typed objects.
+type rendering struct {
+	overlay string
+	byKind  map[string]map[string]any // kind -> name -> object
+}
+
+func (r *rendering) all(kind string) map[string]any { return r.byKind[kind] }
+
+// workload is a Deployment or StatefulSet reduced to what the checks need.
+type workload struct {
+	kind, name string
+	replicas   int32
+	service    string // StatefulSet's governing Service
+	labels     map[string]string
+	pod        corev1.PodSpec
+}
+
+func (r *rendering) workloads() []workload {
+	var out []workload
+	for name, o := range r.all("Deployment") {
+		d := o.(*appsv1.Deployment)
+		out = append(out, workload{kind: "Deployment", name: name, replicas: deref(d.Spec.Replicas), labels: d.Spec.Template.Labels, pod: d.Spec.Template.Spec})
+	}
+	for name, o := range r.all("StatefulSet") {
+		s := o.(*appsv1.StatefulSet)
+		out = append(out, workload{kind: "StatefulSet", name: name, replicas: deref(s.Spec.Replicas), service: s.Spec.ServiceName, labels: s.Spec.Template.Labels, pod: s.Spec.Template.Spec})
+	}
+	slices.SortFunc(out, func(a, b workload) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+func deref(p *int32) int32 {
+	if p == nil {
+		return 1
+	}
+	return *p
+}
+
+func TestOverlaysDecodeStrictly(t *testing.T) {
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, o)
+			want := map[string][]string{
+				"StatefulSet":             {"herald-cache", "herald-etcd", "herald-nats"},
+				"Deployment":              {"herald-fanout", "herald-frontdoor", "herald-ingest", "herald-otel-collector"},
+				"HorizontalPodAutoscaler": {"herald-fanout"},
+				"PodDisruptionBudget":     {"herald-cache", "herald-etcd", "herald-fanout", "herald-frontdoor", "herald-ingest", "herald-nats"},
+			}
+			for kind, names := range want {
+				for _, n := range names {
+					if r.all(kind)[n] == nil {
+						t.Errorf("%s %s is missing", kind, n)
+					}
+				}
+			}
+			for _, kind := range []string{"NetworkPolicy", "Role", "RoleBinding", "ServiceAccount", "Namespace", "ConfigMap"} {
+				if len(r.all(kind)) == 0 {
+					t.Errorf("no %s", kind)
+				}
+			}
+			if r.all("NetworkPolicy")["herald-default-deny"] == nil {
+				t.Error("no default-deny NetworkPolicy")
+			}
+		})
+	}
+}
+
+func TestWorkloadsAreHardened(t *testing.T) {
+	images := makeImages(t)
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, o)
+			for _, w := range r.workloads() {
+				checkPod(t, r, w, images)
+			}
+		})
+	}
+}
+
+// checkPod checks one workload's pod template: non-root, read-only,
+// resources, probes, images, service account, volumes.
+func checkPod(t *testing.T, r *rendering, w workload, images map[string]bool) {
+	t.Helper()
+	where := w.kind + " " + w.name
+	ps := w.pod
+	if sc := ps.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+		t.Errorf("%s: pod must run as a non-root user", where)
+	}
+	if r.all("ServiceAccount")[ps.ServiceAccountName] == nil {
+		t.Errorf("%s: service account %q is not in the rendering", where, ps.ServiceAccountName)
+	}
+	volumes := map[string]bool{}
+	for _, v := range ps.Volumes {
+		volumes[v.Name] = true
+		if v.Secret == nil && v.ConfigMap == nil {
+			t.Errorf("%s: volume %s is neither a Secret nor a ConfigMap", where, v.Name)
+		}
+		if v.ConfigMap != nil && r.all("ConfigMap")[v.ConfigMap.Name] == nil {
+			t.Errorf("%s: ConfigMap %s is not in the rendering", where, v.ConfigMap.Name)
+		}
+	}
+	if w.kind == "StatefulSet" {
+		for _, pvc := range r.all("StatefulSet")[w.name].(*appsv1.StatefulSet).Spec.VolumeClaimTemplates {
+			volumes[pvc.Name] = true
+		}
+	}
+	for _, c := range ps.Containers {
+		where := where + " container " + c.Name
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Errorf("%s: no securityContext", where)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+			t.Errorf("%s: root filesystem must be read-only", where)
+		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+			t.Errorf("%s: privilege escalation must be off", where)
+		case sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL"):
+			t.Errorf("%s: must drop ALL capabilities", where)
+		}
+		for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			req, lim := c.Resources.Requests[res], c.Resources.Limits[res]
+			if req.IsZero() || lim.IsZero() {
+				t.Errorf("%s: %s request and limit are required", where, res)
+			} else if req.Cmp(lim) > 0 {
+				t.Errorf("%s: %s request %s exceeds limit %s", where, res, req.String(), lim.String())
+			}
+		}
+		if c.LivenessProbe == nil || c.ReadinessProbe == nil {
+			t.Errorf("%s: liveness and readiness probes are required", where)
+		}
+		for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
+			if p != nil && (p.HTTPGet == nil || containerPort(c, p.HTTPGet.Port.String()) == 0) {
+				t.Errorf("%s: probe %+v is not an HTTP GET on a declared port", where, p.ProbeHandler)
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			if !volumes[m.Name] {
+				t.Errorf("%s: mounts unknown volume %s", where, m.Name)
+			}
+		}
+		name, ok := heraldImage(c.Image, images)
+		switch {
+		case ok:
+		case strings.HasPrefix(c.Image, "otel/opentelemetry-collector-contrib:") && !strings.HasSuffix(c.Image, ":latest"):
+		default:
+			t.Errorf("%s: image %q is neither one `make images` builds nor the pinned OTel collector", where, c.Image)
+		}
+		if slices.Contains(heraldServices, name) {
+			checkHeraldContainer(t, r, where, name, c)
+		}
+	}
+}
+
+// heraldImage returns the image's name (the last path element) when it is
+// one `make images` builds: [registry/]<repo>/<name>:<tag>.
+func heraldImage(image string, images map[string]bool) (string, bool) {
+	ref, tag, ok := strings.Cut(image, ":")
+	if !ok || tag == "" || tag == "latest" {
+		return "", false
+	}
+	parts := strings.Split(ref, "/")
+	if len(parts) < 2 {
+		return "", false
+	}
+	repoName := parts[len(parts)-2] + "/" + parts[len(parts)-1]
+	return parts[len(parts)-1], images[repoName]
+}
+
+// checkHeraldContainer checks a Herald service container against its
+// binary: flags exist, listeners match ports, probes use the admin port,
+// files lie on mounted volumes, peers are Services.
+func checkHeraldContainer(t *testing.T, r *rendering, where, svc string, c corev1.Container) {
+	t.Helper()
+	known := binaryFlags(t)[svc]
+	args := map[string]string{}
+	for _, a := range c.Args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || !ok {
+			t.Errorf("%s: argument %q is not --flag=value", where, a)
+			continue
+		}
+		if !known[name] {
+			t.Errorf("%s: the %s binary has no flag --%s", where, svc, name)
+		}
+		args[name] = value
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "HERALD_") && !knownEnv(known, e.Name) {
+			t.Errorf("%s: env %s names no flag of %s", where, e.Name, svc)
+		}
+	}
+	for _, f := range addrFlags {
+		v, ok := args[f]
+		if !known[f] {
+			continue
+		}
+		if !ok {
+			t.Errorf("%s: --%s must be set (its default binds loopback only)", where, f)
+			continue
+		}
+		_, port, err := net.SplitHostPort(v)
+		if err != nil || containerPort(c, port) == 0 {
+			t.Errorf("%s: --%s=%s binds a port the container does not declare", where, f, v)
+		}
+	}
+	admin := containerPort(c, "admin")
+	if _, p, _ := net.SplitHostPort(args["admin.addr"]); strconv.Itoa(int(admin)) != p {
+		t.Errorf("%s: port \"admin\" is %d, --admin.addr is %q", where, admin, args["admin.addr"])
+	}
+	for name, want := range map[string]*corev1.Probe{"/livez": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if want == nil || want.HTTPGet == nil || want.HTTPGet.Path != name || containerPort(c, want.HTTPGet.Port.String()) != admin {
+			t.Errorf("%s: probe must GET %s on the admin port", where, name)
+		}
+	}
+	for f, v := range args {
+		if !strings.HasSuffix(f, "-file") || v == "" {
+			continue
+		}
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return strings.HasPrefix(v, m.MountPath+"/") }) {
+			t.Errorf("%s: --%s=%s is not on a mounted volume", where, f, v)
+		}
+	}
+	for _, f := range peerFlags {
+		if v, ok := args[f]; ok {
+			for _, hp := range peerAddrs(v) {
+				if err := r.servesPort(hp); err != nil {
+					t.Errorf("%s: --%s: %v", where, f, err)
+				}
+			}
+		}
+	}
+}
+
+// knownEnv reports whether env is HERALD_<FLAG> of a known flag.
+func knownEnv(known map[string]bool, env string) bool {
+	for f := range known {
+		if "HERALD_"+strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(f)) == env {
+			return true
+		}
+	}
+	return false
+}
+
+// peerAddrs splits a flag value into host:port pairs: comma-separated URLs,
+// dns:///host:port targets or bare host:port.
+func peerAddrs(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if rest, ok := strings.CutPrefix(s, "dns:///"); ok {
+			out = append(out, rest)
+			continue
+		}
+		if u, err := url.Parse(s); err == nil && u.Host != "" {
+			out = append(out, u.Host)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// servesPort checks that host:port is a port of a Service of the rendering:
+// "<service>:<port>" or "<statefulset>-<ordinal>.<headless service>:<port>".
+func (r *rendering) servesPort(hostPort string) error {
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", hostPort)
+	}
+	svcName := host
+	if pod, svc, ok := strings.Cut(host, "."); ok {
+		svcName = svc
+		var found bool
+		for _, w := range r.workloads() {
+			if w.kind != "StatefulSet" || w.service != svc {
+				continue
+			}
+			ord, ok := strings.CutPrefix(pod, w.name+"-")
+			n, err := strconv.Atoi(ord)
+			if ok && err == nil && n >= 0 && n < int(w.replicas) {
+				found = true
+			}
+		}
+		if !found {
+			return fmt.Errorf("%s is no pod of a StatefulSet governed by Service %s", pod, svc)
+		}
+	}
+	o := r.all("Service")[svcName]
+	if o == nil {
+		return fmt.Errorf("no Service %s for %s", svcName, hostPort)
+	}
+	for _, p := range o.(*corev1.Service).Spec.Ports {
+		if strconv.Itoa(int(p.Port)) == port {
+			return nil
+		}
+	}
+	return fmt.Errorf("Service %s has no port %s", svcName, port)
+}
+
+// containerPort resolves a port name or number to a declared containerPort
+// (0 if the container declares none such).
+func containerPort(c corev1.Container, nameOrNumber string) int32 {
+	for _, p := range c.Ports {
+		if p.Name == nameOrNumber || strconv.Itoa(int(p.ContainerPort)) == nameOrNumber {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+func TestServicesReachTheirPods(t *testing.T) {
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, o)
+			for name, obj := range r.all("Service") {
+				s := obj.(*corev1.Service)
+				ws := r.selected(labels.SelectorFromSet(s.Spec.Selector))
+				if len(ws) != 1 {
+					t.Errorf("Service %s selects %d workloads, want 1", name, len(ws))
+					continue
+				}
+				for _, p := range s.Spec.Ports {
+					if !slices.ContainsFunc(ws[0].pod.Containers, func(c corev1.Container) bool { return containerPort(c, p.TargetPort.String()) != 0 }) {
+						t.Errorf("Service %s port %s: targetPort %s is not a port of %s", name, p.Name, p.TargetPort.String(), ws[0].name)
+					}
+				}
+			}
+			for name, obj := range r.all("PodDisruptionBudget") {
+				if ws := r.selected(mustSelector(t, obj.(*policyv1.PodDisruptionBudget).Spec.Selector)); len(ws) != 1 {
+					t.Errorf("PodDisruptionBudget %s selects %d workloads, want 1", name, len(ws))
+				}
+			}
+			for name, obj := range r.all("HorizontalPodAutoscaler") {
+				ref := obj.(*autoscalingv2.HorizontalPodAutoscaler).Spec.ScaleTargetRef
+				if r.all(ref.Kind)[ref.Name] == nil {
+					t.Errorf("HorizontalPodAutoscaler %s scales %s %s, which is not in the rendering", name, ref.Kind, ref.Name)
+				}
+			}
+			for name, obj := range r.all("NetworkPolicy") {
+				np := obj.(*networkingv1.NetworkPolicy)
+				ws := r.selected(mustSelector(t, &np.Spec.PodSelector))
+				for _, rule := range np.Spec.Ingress {
+					for _, p := range rule.Ports {
+						if !slices.ContainsFunc(ws, func(w workload) bool {
+							return slices.ContainsFunc(w.pod.Containers, func(c corev1.Container) bool { return containerPort(c, p.Port.String()) != 0 })
+						}) {
+							t.Errorf("NetworkPolicy %s opens port %s, which no selected pod declares", name, p.Port.String())
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func mustSelector(t *testing.T, s *metav1.LabelSelector) labels.Selector {
+	t.Helper()
+	sel, err := metav1.LabelSelectorAsSelector(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+func (r *rendering) selected(sel labels.Selector) []workload {
+	var out []workload
+	for _, w := range r.workloads() {
+		if sel.Matches(labels.Set(w.labels)) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+var (
+	renderMu sync.Mutex
+	rendered = map[string]*rendering{}
+)
+
+// render runs `kubectl kustomize` on an overlay and decodes every object
+// strictly: unknown fields, duplicate keys and unexpected kinds fail.
+func render(t *testing.T, overlay string) *rendering {
+	t.Helper()
+	renderMu.Lock()
+	defer renderMu.Unlock()
+	if r := rendered[overlay]; r != nil {
+		return r
+	}
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("kubectl (with kustomize) is required in CI")
+		}
+		t.Skip("kubectl not found: cannot render the overlays")
+	}
+	dir := filepath.Join(repoRoot(t), "deploy", "k8s", "overlays", overlay)
+	var stderr bytes.Buffer
+	cmd := exec.Command(kubectl, "kustomize", dir)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr.String())
+	}
+	r, err := decode(overlay, out)
+	if err != nil {
+		t.Fatalf("overlay %s: %v", overlay, err)
+	}
+	rendered[overlay] = r
+	return r
+}
+
+func decode(overlay string, stream []byte) (*rendering, error) {
+	r := &rendering{overlay: overlay, byKind: map[string]map[string]any{}}
+	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
+	for {
+		doc, err := rd.Read()
+		if errors.Is(err, io.EOF) {
+			return r, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		js, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			return nil, err
+		}
+		var tm metav1.TypeMeta
+		if err := json.Unmarshal(js, &tm); err != nil {
+			return nil, err
+		}
+		obj, err := newObject(tm.APIVersion, tm.Kind)
+		if err != nil {
+			return nil, err
+		}
+		dec := json.NewDecoder(bytes.NewReader(js))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(obj); err != nil {
+			return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+		}
+		name := obj.(metav1.Object).GetName()
+		if r.byKind[tm.Kind] == nil {
+			r.byKind[tm.Kind] = map[string]any{}
+		}
+		if r.byKind[tm.Kind][name] != nil {
+			return nil, fmt.Errorf("%s %s appears twice", tm.Kind, name)
+		}
+		r.byKind[tm.Kind][name] = obj
+	}
+}
+
+var (
+	flagsOnce sync.Once
+	flagsBy   map[string]map[string]bool
+	flagsErr  error
+)
+
+// binaryFlags builds every Herald service and reads its flags from -h.
+func binaryFlags(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	flagsOnce.Do(func() { flagsBy, flagsErr = readFlags(repoRoot(t)) })
+	if flagsErr != nil {
+		t.Fatal(flagsErr)
+	}
+	return flagsBy
+}
+
+var usageLine = regexp.MustCompile(`(?m)^  -([a-z0-9][a-z0-9.\-]*)`)
+
+func readFlags(root string) (map[string]map[string]bool, error) {
+	dir, err := os.MkdirTemp("", "herald-manifest-bin")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, s := range heraldServices {
+		args = append(args, "./services/"+s+"/cmd/"+s)
+	}
+	build := exec.Command("go", args...)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	out := map[string]map[string]bool{}
+	for _, s := range heraldServices {
+		var usage bytes.Buffer
+		cmd := exec.Command(filepath.Join(dir, s), "-h")
+		cmd.Stdout, cmd.Stderr = &usage, &usage
+		cmd.Run() // -h exits non-zero; the usage is what matters
+		out[s] = map[string]bool{}
+		for _, m := range usageLine.FindAllStringSubmatch(usage.String(), -1) {
+			out[s][m[1]] = true
+		}
+		if !out[s]["admin.addr"] {
+			return nil, fmt.Errorf("%s -h lists no --admin.addr:\n%s", s, usage.String())
+		}
+	}
+	return out, nil
+}
+
+// makeImages reads the image names `make images` builds from the Makefile
+// (IMAGE_REPO and IMAGES, which may name $(SERVICES)).
+func makeImages(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, op := range []string{":=", "?="} {
+			if k, v, ok := strings.Cut(line, op); ok && !strings.ContainsAny(strings.TrimSpace(k), " \t:") {
+				vars[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			}
+		}
+	}
+	repo, list := vars["IMAGE_REPO"], strings.ReplaceAll(vars["IMAGES"], "$(SERVICES)", vars["SERVICES"])
+	if repo == "" || list == "" {
+		t.Fatal("Makefile: IMAGE_REPO or IMAGES not found")
+	}
+	out := map[string]bool{}
+	for _, name := range strings.Fields(list) {
+		out[repo+"/"+name] = true
+	}
+	for _, s := range heraldServices {
+		if !out[repo+"/"+s] {
+			t.Fatalf("make images does not build %s", s)
+		}
+	}
+	return out
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.work not found above the working directory")
+		}
+		dir = parent
+	}
+}
