@@ -3,11 +3,14 @@ module herald.dev/services/frontdoor
 go 1.26.0
 
 require (
+	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/prometheus/client_golang v1.25.0
 	google.golang.org/grpc v1.85.0
 	herald.dev/libs/kube v0.0.0
 	herald.dev/libs/proto v0.0.0
+	herald.dev/libs/rv v0.0.0
 	herald.dev/libs/service v0.0.0
+	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 )
 
@@ -37,6 +40,7 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace (

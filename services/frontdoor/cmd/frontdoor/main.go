@@ -1,10 +1,10 @@
 // Command frontdoor serves the Kubernetes list/watch API over HTTPS:
-// authentication, LIST/GET from the cache, WATCH through fanout replicas.
+// authentication, RBAC, limits, LIST/GET from the cache, WATCH through
+// fanout replicas.
 package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,9 +13,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -39,6 +39,9 @@ func run() error {
 	if err := service.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	log, err := logCfg.NewLogger(os.Stderr, "frontdoor")
 	if err != nil {
 		return err
@@ -46,8 +49,17 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	admin := service.NewAdmin()
+	creds := insecure.NewCredentials()
+	if cfg.CacheTLS.Enabled() {
+		tc, err := frontdoor.ClientTLSConfig(cfg.CacheTLS, log, nil)
+		if err != nil {
+			return fmt.Errorf("cache.tls: %w", err)
+		}
+		creds = credentials.NewTLS(tc)
+	}
 	conn, err := grpc.NewClient(cfg.CacheAddr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.MaxListResponse)),
 	)
@@ -55,18 +67,14 @@ func run() error {
 		return fmt.Errorf("cache client: %w", err)
 	}
 	defer conn.Close()
-	admin := service.NewAdmin()
-	handler, err := frontdoor.NewServer(cfg, log, heraldv1.NewCacheClient(conn), admin.Registry)
+	handler, err := frontdoor.NewServer(cfg, log, heraldv1.NewCacheClient(conn), admin.Registry, admin.Registry)
 	if err != nil {
 		return err
 	}
+	go handler.Run(ctx)
 	admin.AddReadyCheck("frontdoor", func() error { return nil })
 	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
 		return err
-	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
-	if err != nil {
-		return fmt.Errorf("serving certificate: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -74,18 +82,11 @@ func run() error {
 	}
 	srvCtx, cancelRequests := context.WithCancel(context.Background())
 	defer cancelRequests()
-	srv := &http.Server{
-		Handler:           handler,
-		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
-		ReadHeaderTimeout: cfg.ReadHeaderTime,
-		IdleTimeout:       90 * time.Second,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		BaseContext:       func(net.Listener) context.Context { return srvCtx },
-	}
+	srv := handler.HTTPServer(srvCtx)
 	go func() {
 		<-ctx.Done()
 		cancelRequests() // end watches; clients resume elsewhere
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGracePeriod)
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()

@@ -83,3 +83,9 @@ func (d *discovery) serve(w http.ResponseWriter, path string) bool {
 	w.Write(b)
 	return true
 }
+
+// has reports whether path is a discovery document.
+func (d *discovery) has(path string) bool {
+	_, ok := d.docs[strings.TrimRight(path, "/")]
+	return ok
+}

@@ -1,9 +1,68 @@
 package frontdoor
 
 import (
+	"errors"
+	"net/http"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/kube"
+	"herald.dev/libs/rv"
 )
+
+// The frontdoor's own errors, as the Kubernetes API errors a client gets.
+// Errors of the cache come through kube.FromGRPC; option errors found here
+// are mapped the same way, so a client sees the same Status whichever hop
+// rejected its request.
 
 // statusInvalid is an option combination kube-apiserver rejects as 422.
 func statusInvalid(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
+
+// badRequest is a 400 with msg.
+func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
+
+// optionError maps an error of libs/rv (resourceVersion, continue tokens)
+// or of selector parsing to its Kubernetes Status.
+func optionError(err error) error {
+	switch {
+	case errors.Is(err, rv.ErrMalformed):
+		return kube.FromGRPC(status.Error(codes.InvalidArgument, err.Error()))
+	case errors.Is(err, rv.ErrInvalidCombination):
+		return kube.FromGRPC(statusInvalid(err.Error()))
+	}
+	var api apierrors.APIStatus
+	if errors.As(err, &api) {
+		return err
+	}
+	return badRequest(err.Error())
+}
+
+// errUnauthorized is kube-apiserver's 401: the reason stays in the audit
+// log, never in the response.
+func errUnauthorized() error { return apierrors.NewUnauthorized("Unauthorized") }
+
+// errForbidden is the 403 of a denied request, worded as kube-apiserver's.
+func errForbidden(a attributes) error {
+	gr := schema.GroupResource{Group: a.group, Resource: a.resource}
+	return apierrors.NewForbidden(gr, a.name, errors.New(forbiddenReason(a)))
+}
+
+// errTooMany is a 429 with Retry-After.
+func errTooMany(msg string) error { return apierrors.NewTooManyRequests(msg, 1) }
+
+// errUnavailable is a 503 with Retry-After.
+func errUnavailable(msg string) error {
+	return &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status: metav1.StatusFailure, Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
+		Message: msg, Details: &metav1.StatusDetails{RetryAfterSeconds: 1},
+	}}
+}
+
+// errBodyTooLarge is kube-apiserver's 413.
+func errBodyTooLarge(limit int64) error {
+	return apierrors.NewRequestEntityTooLargeError("limit is " + itoa(limit))
+}

@@ -1,38 +1,69 @@
 // Package frontdoor owns Herald's only public door: TLS, authentication,
-// the Kubernetes-compatible HTTP API (discovery, LIST, GET), and routing of
-// watches to fanout replicas. It keeps no state a client depends on.
+// RBAC authorization, request limits, the Kubernetes-compatible HTTP API
+// (discovery, LIST, GET), and routing of watches to fanout replicas. It
+// keeps no state a client depends on.
+//
+// Every request goes through the same steps, in this order, and is logged
+// once (the audit line: user, verb, resource, namespace, code, duration;
+// never a credential):
+//
+//  1. size limits (headers by net/http, bodies here: 413);
+//  2. /livez, /readyz, /healthz answer anyone;
+//  3. authentication (authn.go): 401 unless some credential is valid;
+//  4. only GET and HEAD (405);
+//  5. discovery and /version for every authenticated user; /metrics and
+//     /debug/pprof only when RBAC allows the path (nonResourceURLs);
+//  6. the resource path against the registry (404/400), then RBAC for the
+//     verb, resource and namespace (rbac.go): 403;
+//  7. the limits (limits.go): 429 with Retry-After, per user and overall,
+//     watches and other requests separately;
+//  8. option validation (resourceVersion, selectors, continue, limit): 400
+//     or 422 before any backend is asked;
+//  9. LIST/GET from the cache over gRPC; WATCH proxied to a fanout replica
+//     (proxy.go) with the user's identity in headers, never the credential.
 //
 // Errors reach clients as Kubernetes Status objects, mapped in one place
-// (kube.WriteStatus / kube.FromGRPC), and each request is logged once.
+// (errors.go, kube.WriteStatus / kube.FromGRPC).
 package frontdoor
 
 import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/http/httputil"
+	"net/http/pprof"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/metadata"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/rv"
 )
 
 type metrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	inflight *prometheus.GaugeVec
+	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	longrunning     *prometheus.GaugeVec
+	currentInflight *prometheus.GaugeVec
+	rejected        *prometheus.CounterVec
+	authnFailures   *prometheus.CounterVec
+	reloads         *prometheus.CounterVec
+	fanoutRetries   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,33 +72,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_request_total", Help: "Requests by verb, resource and HTTP code."}, []string{"verb", "resource", "code"}),
 		duration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_request_duration_seconds", Help: "Non-watch request latency by verb and resource.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"verb", "resource"}),
-		inflight: f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_longrunning_requests", Help: "Open long-running requests (watches)."}, []string{"verb", "resource"}),
+		longrunning:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_longrunning_requests", Help: "Open long-running requests (watches)."}, []string{"verb", "resource"}),
+		currentInflight: f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_current_inflight_requests", Help: "Requests holding a slot of the in-flight limits, by kind (readOnly, watch)."}, []string{"request_kind"}),
+		rejected:        f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_rejected_requests_total", Help: "Requests refused with 429 by kind (readOnly, watch) and limit (total, per-user, fair-share)."}, []string{"request_kind", "limit"}),
+		authnFailures:   f.NewCounterVec(prometheus.CounterOpts{Name: "authentication_attempts_failed_total", Help: "Requests answered 401, by whether they carried credentials."}, []string{"credentials"}),
+		reloads:         f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_config_reloads_total", Help: "Reloads of changed files (certificate, tokens, client CA, keys, RBAC) by result."}, []string{"what", "result"}),
+		fanoutRetries:   f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_retries_total", Help: "Watches retried on another fanout replica, by the replica that failed."}, []string{"fanout"}),
 	}
 }
 
 // Server is the frontdoor's HTTP handler.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	reg     *kube.Registry
-	auth    *tokenAuth
-	cache   heraldv1.CacheClient
-	disc    *discovery
-	m       *metrics
-	fanouts []*backend
-	next    atomic.Uint64
+	cfg      Config
+	log      *slog.Logger
+	reg      *kube.Registry
+	authn    *authenticator
+	rbac     *reloadable[policy] // nil: no manifests, only system:masters
+	cert     *reloadable[tls.Certificate]
+	cache    heraldv1.CacheClient
+	disc     *discovery
+	m        *metrics
+	fanout   *fanoutPool
+	requests *limiter
+	watches  *limiter
+	checks   []func() bool
+	metricsH http.Handler
+	debugH   http.Handler
 }
 
-// backend is one fanout replica.
-type backend struct {
-	url   *url.URL
-	proxy *httputil.ReverseProxy
-	open  atomic.Int64
-	down  atomic.Int64 // unix nanos until which it is considered down
-}
-
-// NewServer builds the handler.
-func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer) (*Server, error) {
+// NewServer builds the handler and loads every file it depends on; gather
+// (may be nil) serves /metrics on the public port to authorized users.
+func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer, gather prometheus.Gatherer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -75,35 +110,106 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if err != nil {
 		return nil, err
 	}
-	auth, err := loadTokens(cfg.TokenFile)
-	if err != nil {
+	m := newMetrics(promReg)
+	s := &Server{cfg: cfg, log: log, reg: reg, cache: cache, disc: newDiscovery(reg), m: m,
+		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
+		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
+	}
+	watch := func(check func(*slog.Logger, *prometheus.CounterVec) bool) {
+		s.checks = append(s.checks, func() bool { return check(log, m.reloads) })
+	}
+	if s.cert, err = newReloadable("serving certificate", staticFiles(cfg.TLSCertFile, cfg.TLSKeyFile), func() (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		return &c, err
+	}); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, reg: reg, auth: auth, cache: cache, disc: newDiscovery(reg), m: newMetrics(promReg)}
-	for _, a := range cfg.fanouts() {
-		u, err := url.Parse(a)
-		if err != nil || u.Host == "" {
-			return nil, apierrors.NewBadRequest("fanout.addrs: bad URL " + a)
-		}
-		b := &backend{url: u}
-		b.proxy = &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(u)
-				pr.Out.Header.Del("Authorization")
-			},
-			FlushInterval: -1,
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if r.Context().Err() != nil {
-					return // the client left
-				}
-				b.down.Store(time.Now().Add(time.Second).UnixNano())
-				log.Warn("fanout unreachable", "fanout", u.Host, "err", err)
-				kube.WriteStatus(w, apierrors.NewServiceUnavailable("no watch server is reachable, please try again"))
-			},
-		}
-		s.fanouts = append(s.fanouts, b)
+	watch(s.cert.check)
+	a := &authenticator{anonymous: cfg.AnonymousAuth, now: time.Now, issuers: splitList(cfg.SAIssuers), audiences: splitList(cfg.APIAudiences)}
+	if len(a.audiences) == 0 {
+		a.audiences = a.issuers
 	}
+	if cfg.TokenFile != "" {
+		if a.tokens, err = newReloadable("token file", staticFiles(cfg.TokenFile), func() (*tokenFile, error) { return loadTokens(cfg.TokenFile) }); err != nil {
+			return nil, err
+		}
+		watch(a.tokens.check)
+	}
+	if cfg.ClientCAFile != "" {
+		if a.clientCAs, err = newReloadable("client CA", staticFiles(cfg.ClientCAFile), func() (*x509.CertPool, error) { return loadCertPool(cfg.ClientCAFile) }); err != nil {
+			return nil, err
+		}
+		watch(a.clientCAs.check)
+	}
+	if keys := splitList(cfg.SAKeyFiles); len(keys) > 0 {
+		if a.saKeys, err = newReloadable("service account keys", staticFiles(keys...), func() (*saKeySet, error) { return loadSAKeys(keys) }); err != nil {
+			return nil, err
+		}
+		watch(a.saKeys.check)
+	}
+	s.authn = a
+	if cfg.AuthorizationDir != "" {
+		files := manifestFiles(cfg.AuthorizationDir)
+		if s.rbac, err = newReloadable("rbac", files, func() (*policy, error) {
+			paths, err := files()
+			if err != nil {
+				return nil, err
+			}
+			return loadPolicy(paths)
+		}); err != nil {
+			return nil, err
+		}
+		watch(s.rbac.check)
+	}
+	if s.fanout, err = newFanoutPool(cfg, log, m); err != nil {
+		return nil, err
+	}
+	if gather != nil {
+		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
+	}
+	dbg := http.NewServeMux()
+	dbg.HandleFunc("/debug/pprof/", pprof.Index)
+	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s.debugH = dbg
 	return s, nil
+}
+
+// Run reloads changed files until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	watchFiles(ctx, s.cfg.ReloadInterval, s.checks...)
+}
+
+// HTTPServer is the public server: TLS 1.2+, HTTP/2 and HTTP/1.1, the
+// serving certificate reloaded when it changes, client certificates
+// requested (verified by the authenticator, so a bad one is a 401, not a
+// failed handshake), and the slow-client bounds. Requests' contexts derive
+// from base.
+func (s *Server) HTTPServer(base context.Context) *http.Server {
+	tc := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		NextProtos:     []string{"h2", "http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Get(), nil },
+	}
+	if s.authn.clientCAs != nil {
+		tc.ClientAuth = tls.RequestClientCert
+	}
+	return &http.Server{
+		Handler:   s,
+		TLSConfig: tc,
+		// Bounds the TLS handshake and the request headers together: a
+		// slowloris connection is closed after this, whatever it sends.
+		ReadHeaderTimeout: s.cfg.ReadHeaderTime,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: s.cfg.HTTP2MaxStreams},
+		BaseContext:       func(net.Listener) context.Context { return base },
+		// Handshake failures of scanners and floods are not worth a line
+		// each at the default level.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
 }
 
 // statusRecorder captures the response code for metrics and the audit log.
@@ -128,42 +234,90 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// ServeHTTP authenticates and serves one request.
+// auditEntry is what the audit line says about one request.
+type auditEntry struct {
+	user, authn, verb, resource, ns, reason string
+}
+
+// ServeHTTP serves one request; the package comment lists the steps.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w}
-	verb, resource, ns, user := "", "", "", ""
+	var ae auditEntry
 	defer func() {
 		code := rec.code
 		if code == 0 {
 			code = http.StatusOK
 		}
-		if verb != "" {
-			s.m.requests.WithLabelValues(verb, resource, strconv.Itoa(code)).Inc()
-			if verb != string(kube.VerbWatch) {
-				s.m.duration.WithLabelValues(verb, resource).Observe(time.Since(start).Seconds())
+		if ae.verb != "" {
+			s.m.requests.WithLabelValues(ae.verb, ae.resource, strconv.Itoa(code)).Inc()
+			if ae.verb != string(kube.VerbWatch) {
+				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
 			}
 		}
-		s.log.Info("audit", "user", user, "verb", verb, "resource", resource, "namespace", ns,
-			"path", r.URL.Path, "code", code, "duration", time.Since(start).Round(time.Microsecond))
+		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", ae.resource, "namespace", ae.ns,
+			"path", r.URL.Path, "code", code, "duration", time.Since(start).Round(time.Microsecond)}
+		if ae.authn != "" {
+			attrs = append(attrs, "authn", ae.authn)
+		}
+		if ae.reason != "" {
+			attrs = append(attrs, "reason", ae.reason)
+		}
+		s.log.Info("audit", attrs...)
 	}()
 
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		kube.WriteStatus(rec, errBodyTooLarge(s.cfg.MaxBodyBytes))
+		return
+	}
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(rec, r.Body, s.cfg.MaxBodyBytes)
+	}
 	switch r.URL.Path {
 	case "/livez", "/readyz", "/healthz":
 		rec.Write([]byte("ok"))
 		return
 	}
-	u, ok := s.auth.authenticate(r)
-	if !ok {
-		kube.WriteStatus(rec, apierrors.NewUnauthorized("Unauthorized"))
+	u, err := s.authn.authenticate(r)
+	if err != nil {
+		ae.reason = err.Error()
+		creds := "invalid"
+		if err == errNoCredentials {
+			creds = "none"
+		}
+		s.m.authnFailures.WithLabelValues(creds).Inc()
+		kube.WriteStatus(rec, errUnauthorized())
 		return
 	}
-	user = u.Name
+	ae.user, ae.authn = u.Name, u.Method
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		kube.WriteStatus(rec, apierrors.NewMethodNotSupported(schema.GroupResource{}, r.Method))
 		return
 	}
-	if s.disc.serve(rec, r.URL.Path) {
+	if h := s.nonResource(r.URL.Path); h != nil {
+		a := attributes{user: u, verb: "get", path: r.URL.Path}
+		if !s.allowed(a) {
+			ae.reason = forbiddenReason(a)
+			kube.WriteStatus(rec, errForbidden(a))
+			return
+		}
+		release, ok := s.admit(rec, s.requests, "readOnly", u)
+		if !ok {
+			return
+		}
+		defer release()
+		h.ServeHTTP(rec, r)
+		return
+	}
+	if s.disc.has(r.URL.Path) {
+		// Discovery is every authenticated user's (kube-apiserver's
+		// system:discovery binding), within the request limits.
+		release, ok := s.admit(rec, s.requests, "readOnly", u)
+		if !ok {
+			return
+		}
+		defer release()
+		s.disc.serve(rec, r.URL.Path)
 		return
 	}
 	q := r.URL.Query()
@@ -172,67 +326,161 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kube.WriteStatus(rec, err)
 		return
 	}
-	verb, resource, ns = string(info.Verb), info.Resource.ID(), info.Namespace
-	if info.Verb == kube.VerbWatch {
-		s.watch(rec, r, info)
+	ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
+	a := attributes{user: u, verb: string(info.Verb), resourceRequest: true, group: info.Resource.Group,
+		resource: info.Resource.Plural, namespace: info.Namespace, name: info.Name}
+	if !s.allowed(a) {
+		ae.reason = forbiddenReason(a)
+		kube.WriteStatus(rec, errForbidden(a))
 		return
 	}
+	if info.Verb == kube.VerbWatch {
+		if err := validateWatch(info, q); err != nil {
+			kube.WriteStatus(rec, err)
+			return
+		}
+		release, ok := s.admit(rec, s.watches, "watch", u)
+		if !ok {
+			return
+		}
+		defer release()
+		s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Inc()
+		defer s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Dec()
+		s.fanout.serve(rec, r, u)
+		return
+	}
+	req, err := listRequest(info, q)
+	if err != nil {
+		kube.WriteStatus(rec, err)
+		return
+	}
+	release, ok := s.admit(rec, s.requests, "readOnly", u)
+	if !ok {
+		return
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
-	s.list(ctx, rec, r, info, q)
+	ctx = identityMetadata(ctx, u)
+	s.list(ctx, rec, r, info, req)
 }
 
-// watch forwards to the least loaded reachable fanout replica.
-func (s *Server) watch(w http.ResponseWriter, r *http.Request, info kube.RequestInfo) {
-	s.m.inflight.WithLabelValues("WATCH", info.Resource.ID()).Inc()
-	defer s.m.inflight.WithLabelValues("WATCH", info.Resource.ID()).Dec()
-	b := s.pickFanout()
-	b.open.Add(1)
-	defer b.open.Add(-1)
-	b.proxy.ServeHTTP(w, r)
-}
-
-func (s *Server) pickFanout() *backend {
-	now := time.Now().UnixNano()
-	var best *backend
-	n := len(s.fanouts)
-	off := int(s.next.Add(1))
-	for i := range n {
-		b := s.fanouts[(off+i)%n]
-		if b.down.Load() > now {
-			continue
-		}
-		if best == nil || b.open.Load() < best.open.Load() {
-			best = b
-		}
+// nonResource returns the handler of an RBAC-guarded non-resource path.
+func (s *Server) nonResource(path string) http.Handler {
+	switch {
+	case path == "/metrics" && s.metricsH != nil:
+		return s.metricsH
+	case path == "/debug/pprof" || strings.HasPrefix(path, "/debug/pprof/"):
+		return s.debugH
 	}
-	if best == nil {
-		best = s.fanouts[off%n]
-	}
-	return best
+	return nil
 }
 
-// list serves LIST and GET from the cache.
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, q url.Values) {
+func (s *Server) allowed(a attributes) bool {
+	if s.rbac == nil {
+		return a.user.inGroup(groupMasters)
+	}
+	return s.rbac.Get().authorize(a)
+}
+
+// admit takes a slot of l for u, or answers 429.
+func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) (func(), bool) {
+	release, refused := l.acquire(u.Name)
+	if refused != "" {
+		s.m.rejected.WithLabelValues(kind, refused).Inc()
+		msg := "Too many requests, please try again later."
+		if kind == "watch" {
+			msg = "Too many watches, please try again later."
+		}
+		kube.WriteStatus(w, errTooMany(msg))
+		return nil, false
+	}
+	g := s.m.currentInflight.WithLabelValues(kind)
+	g.Inc()
+	return func() { g.Dec(); release() }, true
+}
+
+// identityMetadata tells the cache who asks (for its logs and, once it
+// authorizes on its own, its decisions); the credential stays here.
+func identityMetadata(ctx context.Context, u *User) context.Context {
+	kv := []string{"x-remote-user", u.Name}
+	for _, g := range u.Groups {
+		kv = append(kv, "x-remote-group", g)
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
+}
+
+// listRequest validates a LIST or GET's options before the cache sees them.
+func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, error) {
 	var limit int64
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			kube.WriteStatus(w, apierrors.NewBadRequest("limit must be a non-negative integer"))
-			return
+			return nil, badRequest("limit must be a non-negative integer")
 		}
 		limit = n
 	}
 	if q.Get("sendInitialEvents") != "" {
-		kube.WriteStatus(w, kube.FromGRPC(statusInvalid("sendInitialEvents is forbidden for list")))
-		return
+		return nil, kube.FromGRPC(statusInvalid("sendInitialEvents is forbidden for list"))
 	}
-	resp, err := s.cache.List(ctx, &heraldv1.ListRequest{
+	req := &heraldv1.ListRequest{
 		Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name,
 		ResourceVersion: q.Get("resourceVersion"), ResourceVersionMatch: q.Get("resourceVersionMatch"),
 		LabelSelector: q.Get("labelSelector"), FieldSelector: q.Get("fieldSelector"),
 		Limit: limit, Continue: q.Get("continue"),
-	})
+	}
+	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit); err != nil {
+		return nil, optionError(err)
+	}
+	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
+		return nil, optionError(err)
+	}
+	return req, nil
+}
+
+// validateWatch checks a watch's options as fanout will, so that a bad
+// request costs no connection to a replica.
+func validateWatch(info kube.RequestInfo, q url.Values) error {
+	fieldSel := q.Get("fieldSelector")
+	if info.Name != "" {
+		fs, err := fields.ParseSelector(fieldSel)
+		if err != nil {
+			return badRequest("invalid field selector: " + err.Error())
+		}
+		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
+	}
+	if _, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), fieldSel); err != nil {
+		return optionError(err)
+	}
+	var sendInitial *bool
+	if v := q.Get("sendInitialEvents"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return badRequest("sendInitialEvents must be true or false")
+		}
+		sendInitial = &b
+	}
+	bookmarks := false
+	if v := q.Get("allowWatchBookmarks"); v != "" {
+		var err error
+		if bookmarks, err = strconv.ParseBool(v); err != nil {
+			return badRequest("allowWatchBookmarks must be true or false")
+		}
+	}
+	if _, err := rv.PlanWatch(q.Get("resourceVersion"), q.Get("resourceVersionMatch"), sendInitial, bookmarks); err != nil {
+		return optionError(err)
+	}
+	if v := q.Get("timeoutSeconds"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+			return badRequest("timeoutSeconds must be a non-negative integer")
+		}
+	}
+	return nil
+}
+
+// list serves LIST and GET from the cache.
+func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest) {
+	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)
 		if info.Name != "" && apierrors.IsNotFound(apiErr) {
@@ -242,6 +490,10 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			s.log.Error("cache LIST failed", "resource", info.Resource.ID(), "err", err)
 		}
 		kube.WriteStatus(w, apiErr)
+		return
+	}
+	if info.Name != "" && len(resp.Items) == 0 {
+		kube.WriteStatus(w, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
 		return
 	}
 	table := kube.WantsTable(r.Header.Get("Accept"))
@@ -325,3 +577,5 @@ func acceptsGzip(r *http.Request) bool {
 	}
 	return false
 }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,347 @@
+package frontdoor
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/csv"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Well-known users and groups, as kube-apiserver names them.
+const (
+	groupAuthenticated   = "system:authenticated"
+	groupUnauthenticated = "system:unauthenticated"
+	groupMasters         = "system:masters"
+	userAnonymous        = "system:anonymous"
+	saUserPrefix         = "system:serviceaccount:"
+	saGroup              = "system:serviceaccounts"
+	legacySAIssuer       = "kubernetes/serviceaccount"
+)
+
+// User is an authenticated identity.
+type User struct {
+	Name   string
+	UID    string
+	Groups []string
+	// Method names the authenticator that vouched for the user (audit).
+	Method string
+}
+
+func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
+
+// authenticator resolves a request's credentials into a User, as
+// kube-apiserver's union of authenticators does:
+//
+//   - the first authenticator that accepts the request's credentials wins;
+//   - credentials that are present but invalid (a token nobody knows, an
+//     expired or forged JWT, a certificate of another CA) are a 401, even
+//     when anonymous access is on;
+//   - a request with no credentials at all is system:anonymous when
+//     anonymous access is on, else a 401.
+//
+// Every authenticated user is also in system:authenticated. The secrets
+// themselves never leave this file: errors name the reason, not the token.
+type authenticator struct {
+	tokens    *reloadable[tokenFile]     // nil: no static tokens
+	clientCAs *reloadable[x509.CertPool] // nil: client certificates ignored
+	saKeys    *reloadable[saKeySet]      // nil: no service-account tokens
+	issuers   []string
+	audiences []string
+	anonymous bool
+	now       func() time.Time
+}
+
+// errNoCredentials: the request carries nothing this authenticator checks.
+var errNoCredentials = errors.New("no credentials")
+
+// authenticate returns the request's user, or an error saying why not
+// (errNoCredentials when there were none).
+func (a *authenticator) authenticate(r *http.Request) (*User, error) {
+	var errs []error
+	if u, err := a.x509(r.TLS); err == nil {
+		return finish(u), nil
+	} else if !errors.Is(err, errNoCredentials) {
+		errs = append(errs, err)
+	}
+	if u, err := a.bearer(r.Header.Get("Authorization")); err == nil {
+		return finish(u), nil
+	} else if !errors.Is(err, errNoCredentials) {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if a.anonymous {
+		return &User{Name: userAnonymous, Groups: []string{groupUnauthenticated}, Method: "anonymous"}, nil
+	}
+	return nil, errNoCredentials
+}
+
+func finish(u *User) *User {
+	if !u.inGroup(groupAuthenticated) {
+		u.Groups = append(u.Groups, groupAuthenticated)
+	}
+	return u
+}
+
+// x509 verifies a client certificate against the client CA: CN is the
+// user, O the groups. The TLS layer only requests certificates
+// (tls.RequestClientCert) so that a bad one is a Kubernetes 401 here rather
+// than a failed handshake.
+func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
+	if a.clientCAs == nil || cs == nil || len(cs.PeerCertificates) == 0 {
+		return nil, errNoCredentials
+	}
+	leaf := cs.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{
+		Roots:         a.clientCAs.Get(),
+		Intermediates: inter,
+		CurrentTime:   a.now(),
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("x509: verifying certificate %q: %w", leaf.Subject.CommonName, err)
+	}
+	if leaf.Subject.CommonName == "" {
+		return nil, errors.New("x509: certificate has no common name")
+	}
+	return &User{Name: leaf.Subject.CommonName, Groups: slices.Clone(leaf.Subject.Organization), Method: "x509"}, nil
+}
+
+// bearer authenticates an Authorization header: static tokens first (a
+// hash lookup), then service-account JWTs.
+func (a *authenticator) bearer(h string) (*User, error) {
+	scheme, tok, found := strings.Cut(h, " ")
+	if !found || !strings.EqualFold(scheme, "bearer") {
+		return nil, errNoCredentials
+	}
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return nil, errNoCredentials
+	}
+	if a.tokens != nil {
+		if u, ok := a.tokens.Get().users[sha256.Sum256([]byte(tok))]; ok {
+			u.Groups = slices.Clone(u.Groups)
+			u.Method = "token"
+			return &u, nil
+		}
+	}
+	if a.saKeys != nil && strings.Count(tok, ".") == 2 {
+		return a.serviceAccount(tok)
+	}
+	return nil, errors.New("token: unknown bearer token")
+}
+
+// saClaims are the claims of service-account tokens, bound (kubernetes.io)
+// and legacy (kubernetes.io/serviceaccount/...).
+type saClaims struct {
+	jwt.RegisteredClaims
+	K8s *struct {
+		Namespace      string `json:"namespace"`
+		ServiceAccount struct {
+			Name string `json:"name"`
+			UID  string `json:"uid"`
+		} `json:"serviceaccount"`
+	} `json:"kubernetes.io,omitempty"`
+	LegacyNamespace string `json:"kubernetes.io/serviceaccount/namespace,omitempty"`
+	LegacyName      string `json:"kubernetes.io/serviceaccount/service-account.name,omitempty"`
+	LegacyUID       string `json:"kubernetes.io/serviceaccount/service-account.uid,omitempty"`
+}
+
+// serviceAccount verifies a service-account JWT: signature by one of the
+// keys (RS*/ES* only: never "none" or HMAC with a public key), an accepted
+// issuer, an accepted audience (legacy tokens have none), not expired and
+// not before its time, and a subject of the form
+// system:serviceaccount:<namespace>:<name> that agrees with the private
+// claims. Bound tokens are not checked against the live ServiceAccount,
+// Pod or Secret: Herald has no such objects to look them up in.
+func (a *authenticator) serviceAccount(raw string) (*User, error) {
+	keys := a.saKeys.Get().keys
+	var claims saClaims
+	p := jwt.NewParser(
+		jwt.WithValidMethods([]string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}),
+		jwt.WithTimeFunc(a.now),
+		jwt.WithLeeway(time.Minute/2),
+	)
+	_, err := p.ParseWithClaims(raw, &claims, func(*jwt.Token) (any, error) {
+		return jwt.VerificationKeySet{Keys: keys}, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("service account token: %w", err)
+	}
+	if !slices.Contains(a.issuers, claims.Issuer) {
+		return nil, fmt.Errorf("service account token: issuer %q is not accepted", claims.Issuer)
+	}
+	if claims.Issuer != legacySAIssuer && !slices.ContainsFunc(claims.Audience, func(aud string) bool { return slices.Contains(a.audiences, aud) }) {
+		return nil, errors.New("service account token: no accepted audience")
+	}
+	rest, ok := strings.CutPrefix(claims.Subject, saUserPrefix)
+	ns, name, ok2 := strings.Cut(rest, ":")
+	if !ok || !ok2 || ns == "" || name == "" || strings.Contains(name, ":") {
+		return nil, fmt.Errorf("service account token: subject %q is not a service account", claims.Subject)
+	}
+	uid := claims.LegacyUID
+	switch {
+	case claims.K8s != nil:
+		if claims.K8s.Namespace != ns || claims.K8s.ServiceAccount.Name != name {
+			return nil, errors.New("service account token: kubernetes.io claims disagree with the subject")
+		}
+		uid = claims.K8s.ServiceAccount.UID
+	case claims.LegacyNamespace != "" || claims.LegacyName != "":
+		if claims.LegacyNamespace != ns || claims.LegacyName != name {
+			return nil, errors.New("service account token: legacy claims disagree with the subject")
+		}
+	}
+	return &User{Name: claims.Subject, UID: uid, Groups: []string{saGroup, saGroup + ":" + ns}, Method: "serviceaccount"}, nil
+}
+
+// tokenFile is a loaded static token file.
+type tokenFile struct {
+	// Keyed by the token's SHA-256: a lookup's timing can only tell an
+	// attacker about hashes, never about a token's prefix.
+	users map[[32]byte]User
+}
+
+func loadTokens(path string) (*tokenFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.FieldsPerRecord = -1
+	r.TrimLeadingSpace = true
+	r.Comment = '#'
+	a := &tokenFile{users: map[[32]byte]User{}}
+	for line := 1; ; line++ {
+		rec, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("token file %s: %w", path, err)
+		}
+		if len(rec) < 2 || rec[0] == "" || rec[1] == "" {
+			return nil, fmt.Errorf("token file %s: record %d needs at least token,user", path, line)
+		}
+		u := User{Name: rec[1]}
+		if len(rec) > 2 {
+			u.UID = rec[2]
+		}
+		if len(rec) > 3 && rec[3] != "" {
+			for _, g := range strings.Split(rec[3], ",") {
+				if g = strings.TrimSpace(g); g != "" {
+					u.Groups = append(u.Groups, g)
+				}
+			}
+		}
+		a.users[sha256.Sum256([]byte(rec[0]))] = u
+	}
+	if len(a.users) == 0 {
+		return nil, fmt.Errorf("token file %s has no tokens", path)
+	}
+	return a, nil
+}
+
+func loadCertPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("client CA %s: no PEM certificates", path)
+	}
+	return pool, nil
+}
+
+// saKeySet holds the public keys that verify service-account tokens.
+type saKeySet struct {
+	keys []jwt.VerificationKey
+}
+
+// loadSAKeys reads public keys, certificates or private keys (whose public
+// half is used), as kube-apiserver's --service-account-key-file accepts.
+func loadSAKeys(paths []string) (*saKeySet, error) {
+	set := &saKeySet{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("service account key: %w", err)
+		}
+		n := 0
+		for {
+			var blk *pem.Block
+			blk, b = pem.Decode(b)
+			if blk == nil {
+				break
+			}
+			k, err := publicKey(blk)
+			if err != nil {
+				return nil, fmt.Errorf("service account key %s: %w", p, err)
+			}
+			if k != nil {
+				set.keys = append(set.keys, k)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("service account key %s: no RSA or ECDSA key", p)
+		}
+	}
+	return set, nil
+}
+
+func publicKey(blk *pem.Block) (crypto.PublicKey, error) {
+	var k any
+	var err error
+	switch blk.Type {
+	case "PUBLIC KEY":
+		k, err = x509.ParsePKIXPublicKey(blk.Bytes)
+	case "RSA PUBLIC KEY":
+		k, err = x509.ParsePKCS1PublicKey(blk.Bytes)
+	case "CERTIFICATE":
+		var c *x509.Certificate
+		if c, err = x509.ParseCertificate(blk.Bytes); err == nil {
+			k = c.PublicKey
+		}
+	case "RSA PRIVATE KEY":
+		k, err = x509.ParsePKCS1PrivateKey(blk.Bytes)
+	case "EC PRIVATE KEY":
+		k, err = x509.ParseECPrivateKey(blk.Bytes)
+	case "PRIVATE KEY":
+		k, err = x509.ParsePKCS8PrivateKey(blk.Bytes)
+	default:
+		return nil, nil // e.g. EC PARAMETERS
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch k := k.(type) {
+	case *rsa.PublicKey, *ecdsa.PublicKey:
+		return k, nil
+	case *rsa.PrivateKey:
+		return &k.PublicKey, nil
+	case *ecdsa.PrivateKey:
+		return &k.PublicKey, nil
+	}
+	return nil, fmt.Errorf("unsupported key type %T (want RSA or ECDSA)", k)
+}

@@ -1,0 +1,75 @@
+package frontdoor
+
+import (
+	"sync"
+)
+
+// limiter bounds concurrent requests of one kind (non-watch requests, or
+// open watches) overall and per user, so that one client cannot starve the
+// others:
+//
+//   - never more than max at once;
+//   - never more than perUser for one user;
+//   - once the pool is contended (less than a quarter of it free), a user
+//     who already holds at least a fair share (max divided by the users
+//     holding slots, plus one for a newcomer) is refused, so the free
+//     quarter stays available to users who hold little or nothing.
+//
+// A refused request is answered 429 with Retry-After by the caller; nothing
+// waits in a queue, so a flood costs the server no memory beyond the
+// connections themselves. The per-user map only holds users with slots.
+type limiter struct {
+	max, perUser int
+
+	mu    sync.Mutex
+	total int
+	users map[string]int
+}
+
+func newLimiter(max, perUser int) *limiter {
+	return &limiter{max: max, perUser: min(perUser, max), users: map[string]int{}}
+}
+
+// Why a request was refused (metric label).
+const (
+	limitTotal = "total"
+	limitUser  = "per-user"
+	limitFair  = "fair-share"
+)
+
+// acquire takes a slot for user; release must be called once when ok.
+func (l *limiter) acquire(user string) (release func(), refused string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.users[user]
+	switch {
+	case l.total >= l.max:
+		return nil, limitTotal
+	case n >= l.perUser:
+		return nil, limitUser
+	case l.total >= l.max-l.max/4 && n > 0 && n >= max(1, l.max/(len(l.users)+1)):
+		return nil, limitFair
+	}
+	l.total++
+	l.users[user] = n + 1
+	var once sync.Once
+	return func() { once.Do(func() { l.release(user) }) }, ""
+}
+
+func (l *limiter) release(user string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if n := l.users[user] - 1; n > 0 {
+		l.users[user] = n
+	} else {
+		delete(l.users, user)
+	}
+}
+
+// inUse returns the slots taken.
+func (l *limiter) inUse() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}

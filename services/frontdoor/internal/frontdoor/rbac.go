@@ -1,0 +1,284 @@
+package frontdoor
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// policy is an RBAC policy loaded from Kubernetes manifests, evaluated as
+// kube-apiserver's RBAC authorizer does for the requests Herald serves:
+//
+//   - deny by default; there are no deny rules;
+//   - group system:masters is allowed everything (as kube-apiserver's
+//     superuser group), whatever the manifests say;
+//   - a ClusterRoleBinding grants its ClusterRole's rules in every namespace
+//     and at the cluster scope;
+//   - a RoleBinding grants its Role's or ClusterRole's rules only for
+//     requests inside its namespace. A cluster-wide request (all namespaces)
+//     is therefore allowed only by cluster-scoped grants, so a user bound in
+//     some namespaces gets 403 there, as in Kubernetes;
+//   - resourceNames restrict get (and watch of one object) to those names;
+//     a list or watch of a collection never matches a rule with
+//     resourceNames;
+//   - ClusterRoles with an aggregationRule get the rules of the ClusterRoles
+//     their selectors match.
+//
+// A policy is immutable once loaded; reloads swap the whole policy.
+type policy struct {
+	clusterRoles    map[string][]rbacv1.PolicyRule
+	roles           map[string][]rbacv1.PolicyRule // "namespace/name"
+	clusterBindings []rbacv1.ClusterRoleBinding
+	bindings        map[string][]rbacv1.RoleBinding // by namespace
+}
+
+// attributes describe one request to authorize.
+type attributes struct {
+	user *User
+	verb string // get, list, watch
+	// Resource requests.
+	resourceRequest bool
+	group           string
+	resource        string
+	namespace       string // "" = cluster scope (all namespaces or a cluster-scoped resource)
+	name            string
+	// Non-resource requests (/metrics, /debug/pprof/...).
+	path string
+}
+
+// authorize reports whether a is allowed.
+func (p *policy) authorize(a attributes) bool {
+	if a.user.inGroup(groupMasters) {
+		return true
+	}
+	for i := range p.clusterBindings {
+		b := &p.clusterBindings[i]
+		if b.RoleRef.Kind == "ClusterRole" && appliesTo(a.user, b.Subjects, "") && rulesAllow(p.clusterRoles[b.RoleRef.Name], a) {
+			return true
+		}
+	}
+	if a.namespace == "" || !a.resourceRequest {
+		return false
+	}
+	for i := range p.bindings[a.namespace] {
+		b := &p.bindings[a.namespace][i]
+		if !appliesTo(a.user, b.Subjects, b.Namespace) {
+			continue
+		}
+		var rules []rbacv1.PolicyRule
+		switch b.RoleRef.Kind {
+		case "ClusterRole":
+			rules = p.clusterRoles[b.RoleRef.Name]
+		case "Role":
+			rules = p.roles[b.Namespace+"/"+b.RoleRef.Name]
+		}
+		if rulesAllow(rules, a) {
+			return true
+		}
+	}
+	return false
+}
+
+// appliesTo reports whether one of the subjects is the user. A
+// ServiceAccount subject without a namespace means the binding's.
+func appliesTo(u *User, subjects []rbacv1.Subject, bindingNS string) bool {
+	for _, s := range subjects {
+		switch s.Kind {
+		case rbacv1.UserKind:
+			if s.Name == u.Name {
+				return true
+			}
+		case rbacv1.GroupKind:
+			if u.inGroup(s.Name) {
+				return true
+			}
+		case rbacv1.ServiceAccountKind:
+			ns := bindingNS
+			if s.Namespace != "" {
+				ns = s.Namespace
+			}
+			if ns != "" && u.Name == saUserPrefix+ns+":"+s.Name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func rulesAllow(rules []rbacv1.PolicyRule, a attributes) bool {
+	for i := range rules {
+		if ruleAllows(&rules[i], a) {
+			return true
+		}
+	}
+	return false
+}
+
+func ruleAllows(r *rbacv1.PolicyRule, a attributes) bool {
+	if !hasOrStar(r.Verbs, a.verb) {
+		return false
+	}
+	if !a.resourceRequest {
+		for _, u := range r.NonResourceURLs {
+			if u == "*" || u == a.path || (strings.HasSuffix(u, "*") && strings.HasPrefix(a.path, strings.TrimSuffix(u, "*"))) {
+				return true
+			}
+		}
+		return false
+	}
+	if !hasOrStar(r.APIGroups, a.group) || !hasOrStar(r.Resources, a.resource) {
+		return false
+	}
+	return len(r.ResourceNames) == 0 || (a.name != "" && slices.Contains(r.ResourceNames, a.name))
+}
+
+func hasOrStar(list []string, v string) bool {
+	for _, s := range list {
+		if s == "*" || s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// loadPolicy reads every manifest file; a file may hold several YAML
+// documents, JSON, and v1 Lists of RBAC objects. Any other kind is an error:
+// a policy that silently dropped a binding would be worse than none.
+func loadPolicy(paths []string) (*policy, error) {
+	p := &policy{clusterRoles: map[string][]rbacv1.PolicyRule{}, roles: map[string][]rbacv1.PolicyRule{}, bindings: map[string][]rbacv1.RoleBinding{}}
+	var aggregated []rbacv1.ClusterRole
+	var labelsOf = map[string]map[string]string{}
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("rbac: %w", err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		for doc := 1; ; doc++ {
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				return nil, fmt.Errorf("rbac %s document %d: %w", path, doc, err)
+			}
+			if len(bytes.TrimSpace(raw)) == 0 || string(raw) == "null" {
+				continue
+			}
+			if err := p.add(raw, &aggregated, labelsOf); err != nil {
+				return nil, fmt.Errorf("rbac %s document %d: %w", path, doc, err)
+			}
+		}
+	}
+	for _, cr := range aggregated {
+		rules := p.clusterRoles[cr.Name]
+		for _, term := range cr.AggregationRule.ClusterRoleSelectors {
+			sel, err := metav1.LabelSelectorAsSelector(&term)
+			if err != nil {
+				return nil, fmt.Errorf("rbac: ClusterRole %s aggregationRule: %w", cr.Name, err)
+			}
+			for name, lbls := range labelsOf {
+				if name != cr.Name && sel.Matches(labels.Set(lbls)) {
+					rules = append(rules, p.clusterRoles[name]...)
+				}
+			}
+		}
+		p.clusterRoles[cr.Name] = rules
+	}
+	return p, nil
+}
+
+func (p *policy) add(raw json.RawMessage, aggregated *[]rbacv1.ClusterRole, labelsOf map[string]map[string]string) error {
+	var tm metav1.TypeMeta
+	if err := json.Unmarshal(raw, &tm); err != nil {
+		return err
+	}
+	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") {
+		var l struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return err
+		}
+		for _, it := range l.Items {
+			if err := p.add(it, aggregated, labelsOf); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if tm.APIVersion != rbacv1.SchemeGroupVersion.String() {
+		return fmt.Errorf("%s %q: only %s RBAC objects are supported", tm.Kind, tm.APIVersion, rbacv1.SchemeGroupVersion)
+	}
+	switch tm.Kind {
+	case "ClusterRole":
+		var o rbacv1.ClusterRole
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return err
+		}
+		if o.Name == "" {
+			return errors.New("ClusterRole without a name")
+		}
+		p.clusterRoles[o.Name] = append(p.clusterRoles[o.Name], o.Rules...)
+		labelsOf[o.Name] = o.Labels
+		if o.AggregationRule != nil {
+			*aggregated = append(*aggregated, o)
+		}
+	case "Role":
+		var o rbacv1.Role
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return err
+		}
+		if o.Name == "" || o.Namespace == "" {
+			return errors.New("Role needs metadata.name and metadata.namespace")
+		}
+		k := o.Namespace + "/" + o.Name
+		p.roles[k] = append(p.roles[k], o.Rules...)
+	case "ClusterRoleBinding":
+		var o rbacv1.ClusterRoleBinding
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return err
+		}
+		if o.RoleRef.Kind != "ClusterRole" {
+			return fmt.Errorf("ClusterRoleBinding %s: roleRef.kind must be ClusterRole", o.Name)
+		}
+		p.clusterBindings = append(p.clusterBindings, o)
+	case "RoleBinding":
+		var o rbacv1.RoleBinding
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return err
+		}
+		if o.Namespace == "" {
+			return fmt.Errorf("RoleBinding %s needs metadata.namespace", o.Name)
+		}
+		if o.RoleRef.Kind != "Role" && o.RoleRef.Kind != "ClusterRole" {
+			return fmt.Errorf("RoleBinding %s/%s: roleRef.kind must be Role or ClusterRole", o.Namespace, o.Name)
+		}
+		p.bindings[o.Namespace] = append(p.bindings[o.Namespace], o)
+	default:
+		return fmt.Errorf("kind %q is not an RBAC object", tm.Kind)
+	}
+	return nil
+}
+
+// forbiddenReason words a denial as kube-apiserver's RBAC authorizer does.
+func forbiddenReason(a attributes) string {
+	if !a.resourceRequest {
+		return fmt.Sprintf("User %q cannot %s path %q", a.user.Name, a.verb, a.path)
+	}
+	scope := "at the cluster scope"
+	if a.namespace != "" {
+		scope = fmt.Sprintf("in the namespace %q", a.namespace)
+	}
+	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.user.Name, a.verb, a.resource, a.group, scope)
+}
