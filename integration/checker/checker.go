@@ -108,9 +108,9 @@ func StreamChanges(recs []Record) ([]Change, []error) {
 	var lastPart, lastParts uint32
 	seen := map[int64]bool{}
 	for _, r := range recs {
-		if r.Progress {
+		if r.Progress || r.Resync {
 			if r.Revision < lastRev {
-				errs = append(errs, fmt.Errorf("seq %d: progress %d after revision %d", r.Seq, r.Revision, lastRev))
+				errs = append(errs, fmt.Errorf("seq %d: progress or resync %d after revision %d", r.Seq, r.Revision, lastRev))
 			}
 			continue
 		}
@@ -181,6 +181,45 @@ func containsAt(cs []Change, c Change) bool {
 		}
 	}
 	return false
+}
+
+// Resyncs lists the revisions of the stream's resync markers.
+func Resyncs(recs []Record) []int64 {
+	var out []int64
+	for _, r := range recs {
+		if r.Resync {
+			out = append(out, r.Revision)
+		}
+	}
+	return out
+}
+
+// ExpectedEvents turns etcd's history of one resource's keys (under
+// resourcePrefix) into the watch events a client watching all of it must
+// see, given which keys existed before the history starts.
+func ExpectedEvents(resourcePrefix string, history []Change, existed map[string]bool) []WatchEvent {
+	live := map[string]bool{}
+	for k, v := range existed {
+		live[k] = v
+	}
+	var out []WatchEvent
+	for _, c := range history {
+		if !strings.HasPrefix(c.Key, resourcePrefix) {
+			continue
+		}
+		typ := "ADDED"
+		switch {
+		case c.Delete:
+			typ = "DELETED"
+			delete(live, c.Key)
+		case live[c.Key]:
+			typ = "MODIFIED"
+		default:
+			live[c.Key] = true
+		}
+		out = append(out, WatchEvent{Type: typ, Key: KeyName(resourcePrefix, c.Key), RV: c.Rev})
+	}
+	return out
 }
 
 // WatchEvent is what a client saw on a watch.

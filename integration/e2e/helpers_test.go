@@ -171,11 +171,13 @@ func (w watchEvent) toCheck() checker.WatchEvent {
 func (e *env) openWatch(t testing.TB, ctx context.Context, path string) (int, <-chan watchEvent) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.FrontdoorURL+path, nil)
+	ch := make(chan watchEvent, 100000)
 	resp, err := e.http.Do(req)
 	if err != nil {
 		t.Fatal(err)
+		close(ch)
+		return 0, ch
 	}
-	ch := make(chan watchEvent, 100000)
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -266,6 +268,7 @@ func metric(t testing.TB, p *stack.Proc, name string) float64 {
 	resp, err := http.Get("http://" + p.Admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
+		return 0
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

@@ -269,6 +269,25 @@ func (s *Stack) RestartNATS() error {
 	return s.startNATS()
 }
 
+// RestartEtcd stops the embedded etcd and starts it again on the same
+// addresses and data (a member outage).
+func (s *Stack) RestartEtcd() error {
+	cfg := s.Etcd.Config()
+	s.Etcd.Close()
+	e, err := embed.StartEtcd(&cfg)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return errors.New("etcd did not become ready again in 30s")
+	}
+	s.Etcd = e
+	return nil
+}
+
 // Stop stops every process (SIGTERM, then SIGKILL after 10s), NATS and etcd.
 func (s *Stack) Stop() {
 	var wg sync.WaitGroup
@@ -323,6 +342,21 @@ func (p *Proc) Pid() int {
 		return 0
 	}
 	return p.cmd.Process.Pid
+}
+
+// Pause freezes the process (SIGSTOP), as a long GC pause or a partition
+// would: it keeps its state but does nothing, not even lease keep-alives.
+func (p *Proc) Pause() { p.sendOnly(syscall.SIGSTOP) }
+
+// Resume unfreezes a paused process (SIGCONT).
+func (p *Proc) Resume() { p.sendOnly(syscall.SIGCONT) }
+
+func (p *Proc) sendOnly(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.cmd.Process.Signal(sig)
+	}
 }
 
 // Kill kills the process with SIGKILL and waits for it to exit.

@@ -90,6 +90,7 @@ type Admin struct {
 
 	mu     sync.Mutex
 	checks map[string]func() error
+	mux    *http.ServeMux
 	srv    *http.Server
 	ln     net.Listener
 }
@@ -99,8 +100,8 @@ type Admin struct {
 func NewAdmin() *Admin {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a := &Admin{Registry: reg, checks: map[string]func() error{}}
 	mux := http.NewServeMux()
+	a := &Admin{Registry: reg, checks: map[string]func() error{}, mux: mux}
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", a.readyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -117,6 +118,9 @@ func NewAdmin() *Admin {
 	}
 	return a
 }
+
+// Handle adds an operational endpoint (before Serve).
+func (a *Admin) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
 
 // AddReadyCheck adds a named readiness condition; /readyz fails while any
 // check returns an error.

@@ -172,8 +172,14 @@ type Record struct {
 	// Wall-clock time (Unix nanoseconds) at which ingest received the revision
 	// from etcd. For latency metrics only, never for ordering.
 	ObservedUnixNano int64 `protobuf:"varint,6,opt,name=observed_unix_nano,json=observedUnixNano,proto3" json:"observed_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// True for a resync marker (subject "herald.progress", message id
+	// "r<revision>"): the stream has a gap before revision because etcd
+	// compacted history ingest had not appended yet. Consumers rebuild their
+	// state from an etcd snapshot at or after revision; watchers older than it
+	// get 410 Gone.
+	Resync        bool `protobuf:"varint,7,opt,name=resync,proto3" json:"resync,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
@@ -246,6 +252,13 @@ func (x *Record) GetObservedUnixNano() int64 {
 		return x.ObservedUnixNano
 	}
 	return 0
+}
+
+func (x *Record) GetResync() bool {
+	if x != nil {
+		return x.Resync
+	}
+	return false
 }
 
 // Change is one key's change at a revision.
@@ -815,14 +828,15 @@ var File_herald_v1_herald_proto protoreflect.FileDescriptor
 
 const file_herald_v1_herald_proto_rawDesc = "" +
 	"\n" +
-	"\x16herald/v1/herald.proto\x12\therald.v1\"\xc5\x01\n" +
+	"\x16herald/v1/herald.proto\x12\therald.v1\"\xdd\x01\n" +
 	"\x06Record\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12+\n" +
 	"\achanges\x18\x02 \x03(\v2\x11.herald.v1.ChangeR\achanges\x12\x12\n" +
 	"\x04part\x18\x03 \x01(\rR\x04part\x12\x14\n" +
 	"\x05parts\x18\x04 \x01(\rR\x05parts\x12\x1a\n" +
 	"\bprogress\x18\x05 \x01(\bR\bprogress\x12,\n" +
-	"\x12observed_unix_nano\x18\x06 \x01(\x03R\x10observedUnixNano\"\xd7\x01\n" +
+	"\x12observed_unix_nano\x18\x06 \x01(\x03R\x10observedUnixNano\x12\x16\n" +
+	"\x06resync\x18\a \x01(\bR\x06resync\"\xd7\x01\n" +
 	"\x06Change\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.herald.v1.Change.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +

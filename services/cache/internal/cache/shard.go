@@ -46,6 +46,7 @@ type metrics struct {
 	subs       *prometheus.GaugeVec
 	subsCut    *prometheus.CounterVec
 	e2eLatency prometheus.Histogram
+	resyncs    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -60,6 +61,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		readWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_watch_cache_read_wait_seconds", Help: "Time reads waited for the shard to reach a revision.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"resource"}),
 		subs:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_cache_watch_streams", Help: "Following watch streams, by resource."}, []string{"resource"}),
 		subsCut:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_watch_streams_terminated_total", Help: "Following watch streams cut off, by reason."}, []string{"reason"}),
+		resyncs:  f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker."}),
 		e2eLatency: f.NewHistogram(prometheus.HistogramOpts{Name: "herald_cache_apply_latency_seconds", Help: "From ingest receiving a revision from etcd to the shard applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
@@ -171,7 +173,13 @@ func (s *Shard) subjects() []string {
 	return out
 }
 
-// Run connects, loads the snapshot, follows the stream until ctx ends.
+// Run connects, loads a snapshot and follows the stream until ctx ends.
+//
+// When following breaks (NATS restarted, a consumer lost), the shard resumes
+// from the stream sequence after the last one it applied, keeping its state,
+// windows and subscribers: a broken consumer is invisible downstream. It
+// rebuilds from an etcd snapshot only when it must: at start, after a resync
+// marker, or when the stream no longer holds the sequence to resume from.
 func (s *Shard) Run(ctx context.Context) error {
 	var err error
 	s.etcd, err = clientv3.New(clientv3.Config{Endpoints: s.cfg.endpoints(), DialTimeout: s.cfg.EtcdDialTimeout, Context: ctx})
@@ -190,13 +198,19 @@ func (s *Shard) Run(ctx context.Context) error {
 		return err
 	}
 	backoff := 200 * time.Millisecond
+	var next uint64 // stream sequence to resume from; 0: rebuild from a snapshot
 	for ctx.Err() == nil {
-		err := s.follow(ctx)
+		next, err = s.follow(ctx, next)
 		if ctx.Err() != nil {
 			break
 		}
-		s.ready.Store(false)
-		s.log.Warn("following the stream failed; reloading", "err", err, "backoff", backoff)
+		if errors.Is(err, errResyncMarker) {
+			s.log.Warn("resync marker in the stream; rebuilding from an etcd snapshot")
+			s.m.resyncs.Inc()
+			backoff = 200 * time.Millisecond
+			continue
+		}
+		s.log.Warn("following the stream failed; resuming", "err", err, "fromSequence", next, "backoff", backoff)
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
@@ -206,53 +220,75 @@ func (s *Shard) Run(ctx context.Context) error {
 	return nil
 }
 
-// follow loads a snapshot and applies the stream from just after it.
-func (s *Shard) follow(ctx context.Context) error {
+var errResyncMarker = errors.New("resync marker")
+
+// follow applies the stream from sequence next (or from a fresh snapshot
+// when next is 0) until it fails; it returns the sequence to resume from.
+func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 	stream, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", s.cfg.Stream, err)
+		return next, fmt.Errorf("stream %s: %w", s.cfg.Stream, err)
 	}
-	rev, err := s.loadSnapshot(ctx)
-	if err != nil {
-		return err
+	if next > 0 {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return next, fmt.Errorf("stream info: %w", err)
+		}
+		if info.State.FirstSeq > next {
+			s.log.Warn("the stream no longer holds the resume point; rebuilding", "resumeSequence", next, "firstSequence", info.State.FirstSeq)
+			next = 0
+		}
 	}
-	seq, err := startSequence(ctx, stream, rev)
-	if err != nil {
-		return err
+	if next == 0 {
+		s.ready.Store(false)
+		rev, err := s.loadSnapshot(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if next, err = startSequence(ctx, stream, rev); err != nil {
+			return 0, err
+		}
+		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resources))
 	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: s.subjects(),
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    seq,
+		OptStartSeq:    next,
 	})
 	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return next, fmt.Errorf("consumer: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
-		return fmt.Errorf("consuming: %w", err)
+		return next, fmt.Errorf("consuming: %w", err)
 	}
 	defer it.Stop()
-	go func() {
-		<-ctx.Done()
-		it.Stop()
-	}()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
 	s.ready.Store(true)
-	s.log.Info("shard ready", "snapshotRevision", rev, "startSequence", seq, "resources", len(s.resources))
 	for {
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return next, ctx.Err()
 			}
-			return fmt.Errorf("next message: %w", err)
+			return next, fmt.Errorf("next message: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return next, fmt.Errorf("message metadata: %w", err)
 		}
 		var rec heraldv1.Record
 		if err := proto.Unmarshal(msg.Data(), &rec); err != nil {
-			s.log.Error("stream message is not a record; skipped", "subject", msg.Subject(), "err", err)
-			continue
+			s.log.Error("stream message is not a record; skipped", "subject", msg.Subject(), "sequence", meta.Sequence.Stream, "err", err)
+		} else if rec.Resync {
+			if rec.Revision > s.head.Load() {
+				return 0, errResyncMarker
+			}
+		} else {
+			s.apply(&rec)
 		}
-		s.apply(&rec)
+		next = meta.Sequence.Stream + 1
 	}
 }
 

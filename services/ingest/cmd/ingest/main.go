@@ -43,6 +43,11 @@ func run() error {
 		return err
 	}
 	admin.AddReadyCheck("ingest", in.Ready)
+	if cfg.FaultInjection {
+		for path, h := range in.FaultHandlers() {
+			admin.Handle(path, h)
+		}
+	}
 	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
 		return err
 	}

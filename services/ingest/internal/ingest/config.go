@@ -29,6 +29,7 @@ type Config struct {
 	ProgressInterval time.Duration
 	RetryBackoff     time.Duration
 	AdminAddr        string
+	FaultInjection   bool
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -49,6 +50,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", time.Second, "How often an idle leader asks etcd for progress and publishes a progress marker if the revision moved.")
 	fs.DurationVar(&c.RetryBackoff, "retry-backoff", 500*time.Millisecond, "Initial backoff after an etcd or NATS failure (doubles up to 10s).")
 	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9090", "Address of the admin server (/livez, /readyz, /metrics).")
+	fs.BoolVar(&c.FaultInjection, "debug.fault-injection", false, "Serve /debug/fault/pause-publish and /debug/fault/resume-publish on the admin port (tests only).")
 }
 
 // Validate reports configuration errors.

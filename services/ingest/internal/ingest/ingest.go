@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -46,6 +47,8 @@ type metrics struct {
 	oversized     prometheus.Counter
 	failures      *prometheus.CounterVec
 	leaderChanges prometheus.Counter
+	lag           prometheus.Gauge
+	resyncs       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,6 +64,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		oversized:     f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_oversized_changes_total", Help: "Changes larger than stream.max-message-bytes, appended without their value (caches skip them)."}),
 		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted)."}, []string{"cause"}),
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
+		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
+		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume revision was compacted."}),
 	}
 }
 
@@ -77,9 +82,10 @@ type Ingest struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 
-	ready atomic.Bool
-	// pause, when set, stops the leader from publishing without giving up
-	// leadership (tests use it to model a GC pause or a partition).
+	ready     atomic.Bool // the stream exists
+	etcdOK    atomic.Bool // the last etcd interaction succeeded
+	// pause, when set, freezes the next append until it is closed (fault
+	// injection: a long GC pause in the middle of an append).
 	pause atomic.Pointer[chan struct{}]
 }
 
@@ -101,8 +107,13 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Ingest, 
 
 // Ready reports whether the replica is connected and has its stream.
 func (i *Ingest) Ready() error {
-	if !i.ready.Load() {
-		return errors.New("not connected to etcd and JetStream yet")
+	switch {
+	case !i.ready.Load():
+		return errors.New("the stream is not set up yet")
+	case !i.nc.IsConnected():
+		return errors.New("not connected to NATS")
+	case !i.etcdOK.Load():
+		return errors.New("etcd is unreachable")
 	}
 	return nil
 }
@@ -178,9 +189,11 @@ func sleep(ctx context.Context, d time.Duration) time.Duration {
 func (i *Ingest) term(ctx context.Context) error {
 	sess, err := concurrency.NewSession(i.etcd, concurrency.WithTTL(int((i.cfg.LeaseTTL+time.Second-1)/time.Second)), concurrency.WithContext(ctx))
 	if err != nil {
+		i.etcdOK.Store(false)
 		i.m.failures.WithLabelValues("etcd").Inc()
 		return fmt.Errorf("etcd session: %w", err)
 	}
+	i.etcdOK.Store(true)
 	defer sess.Close()
 	el := concurrency.NewElection(sess, i.cfg.ElectionPrefix)
 	if err := el.Campaign(ctx, i.id); err != nil {
@@ -228,7 +241,7 @@ func (i *Ingest) resumePoint(ctx context.Context) (lastSeq uint64, startRev int6
 	if err := proto.Unmarshal(msg.Data, &rec); err != nil {
 		return 0, 0, 0, fmt.Errorf("stream message %d is not a record: %w", lastSeq, err)
 	}
-	if !rec.Progress && rec.Part+1 < rec.Parts {
+	if !rec.Progress && !rec.Resync && rec.Part+1 < rec.Parts {
 		return lastSeq, rec.Revision, rec.Part + 1, nil
 	}
 	return lastSeq, rec.Revision + 1, 0, nil
@@ -245,11 +258,14 @@ var errFenced = errors.New("stream was appended to by another writer")
 
 func (p *publisher) publish(ctx context.Context, subject, msgID string, rec *heraldv1.Record) error {
 	if ch := p.i.pause.Load(); ch != nil {
-		select {
-		case <-*ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		// Frozen in the middle of an append (fault injection): like a
+		// process stopped by a long GC pause, it carries on with the append
+		// when it wakes, whatever happened to its leadership meanwhile. Only
+		// the fence can stop it.
+		<-*ch
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
 	}
 	data, err := proto.Marshal(rec)
 	if err != nil {
@@ -278,7 +294,7 @@ func (p *publisher) publish(ctx context.Context, subject, msgID string, rec *her
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
 	p.i.m.lastRev.Set(float64(rec.Revision))
-	if rec.Progress {
+	if rec.Progress || rec.Resync {
 		p.i.m.records.WithLabelValues("progress").Inc()
 	} else {
 		p.i.m.records.WithLabelValues("revision").Inc()
@@ -356,14 +372,16 @@ func (i *Ingest) lead(ctx context.Context) error {
 				return errors.New("etcd watch closed")
 			}
 			if resp.CompactRevision != 0 {
-				i.m.failures.WithLabelValues("compacted").Inc()
-				return fmt.Errorf("resume revision %d was compacted (compact revision %d)", startRev, resp.CompactRevision)
+				return i.resync(ctx, p, resp.CompactRevision)
 			}
 			if err := resp.Err(); err != nil {
+				i.etcdOK.Store(false)
 				i.m.failures.WithLabelValues("etcd").Inc()
 				return fmt.Errorf("etcd watch: %w", err)
 			}
+			i.etcdOK.Store(true)
 			i.m.etcdRev.Set(float64(resp.Header.Revision))
+			i.m.lag.Set(float64(resp.Header.Revision - p.lastRev))
 			if resp.IsProgressNotify() {
 				rev := resp.Header.Revision
 				if rev > lastProgress && rev >= p.lastRev {
@@ -380,6 +398,28 @@ func (i *Ingest) lead(ctx context.Context) error {
 		}
 	}
 }
+
+// resync handles a compacted resume point: the history between the stream's
+// last revision and etcd's compaction is gone, so the stream gets a resync
+// marker at etcd's current revision (consumers rebuild from an etcd snapshot
+// at or after it) and the next term resumes right after it.
+func (i *Ingest) resync(ctx context.Context, p *publisher, compacted int64) error {
+	resp, err := i.etcd.Get(ctx, i.cfg.ElectionPrefix+"/rev-probe")
+	if err != nil {
+		i.m.failures.WithLabelValues("etcd").Inc()
+		return fmt.Errorf("reading etcd revision for a resync: %w", err)
+	}
+	rev := resp.Header.Revision
+	i.log.Warn("resume revision was compacted; appending a resync marker", "resumeAfter", p.lastRev, "compactRevision", compacted, "resyncRevision", rev)
+	if err := p.publish(ctx, kube.SubjectProgress, "r"+strconv.FormatInt(rev, 10), &heraldv1.Record{Revision: rev, Resync: true, Parts: 1}); err != nil {
+		return err
+	}
+	i.m.resyncs.Inc()
+	i.m.failures.WithLabelValues("compacted").Inc()
+	return errResynced
+}
+
+var errResynced = errors.New("resynced after compaction; resuming after the marker")
 
 // publishEvents appends the events of one watch response, one record (or
 // several parts) per revision.
@@ -469,10 +509,19 @@ func (i *Ingest) split(changes []*heraldv1.Change) [][]*heraldv1.Change {
 	return append(parts, cur)
 }
 
-// Pause stops the leader from publishing (without releasing leadership)
-// until the returned function is called. For fault-injection tests.
-func (i *Ingest) Pause() (resume func()) {
-	ch := make(chan struct{})
-	i.pause.Store(&ch)
-	return func() { i.pause.Store(nil); close(ch) }
+// FaultHandlers are the fault-injection endpoints (tests only):
+// pause-publish freezes the next append in flight, resume-publish lets it
+// go on.
+func (i *Ingest) FaultHandlers() map[string]http.Handler {
+	return map[string]http.Handler{
+		"/debug/fault/pause-publish": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ch := make(chan struct{})
+			i.pause.CompareAndSwap(nil, &ch)
+		}),
+		"/debug/fault/resume-publish": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if ch := i.pause.Swap(nil); ch != nil {
+				close(*ch)
+			}
+		}),
+	}
 }
