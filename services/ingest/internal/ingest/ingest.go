@@ -82,8 +82,8 @@ type Ingest struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 
-	ready     atomic.Bool // the stream exists
-	etcdOK    atomic.Bool // the last etcd interaction succeeded
+	ready  atomic.Bool // the stream exists
+	etcdOK atomic.Bool // the last etcd interaction succeeded
 	// pause, when set, freezes the next append until it is closed (fault
 	// injection: a long GC pause in the middle of an append).
 	pause atomic.Pointer[chan struct{}]
