@@ -183,3 +183,39 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestShardMap(t *testing.T) {
+	g := defaultRegistry(t)
+	pods, _ := g.ByID("pods")
+	nodes, _ := g.ByID("nodes")
+	m, err := ParseShardMap("pods/0-7=static:///a:1,a:2; pods/8-15=static:///b:1,b:2; *=static:///c:1", g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.All(pods); len(got) != 2 || got[0].Target != "static:///a:1,a:2" || len(got[0].Partitions) != 8 || got[1].Partitions[0] != 8 {
+		t.Fatalf("All(pods) = %+v", got)
+	}
+	if got := m.All(nodes); len(got) != 1 || got[0].Target != "static:///c:1" || got[0].Partitions != nil {
+		t.Fatalf("All(nodes) = %+v", got)
+	}
+	for _, ns := range []string{"default", "kube-system", "a", "b", "c", "team-x"} {
+		want := "static:///a:1,a:2"
+		if Partition(ns) >= 8 {
+			want = "static:///b:1,b:2"
+		}
+		if got := m.For(pods, ns).Target; got != want {
+			t.Errorf("For(pods, %s) = %s, want %s (partition %d)", ns, got, want, Partition(ns))
+		}
+	}
+	for _, bad := range []string{
+		"pods/0-7=x",                 // partitions 8-15 uncovered, no *
+		"pods/0-8=x;pods/8-15=y;*=z", // 8 twice
+		"widgets=x;*=y",              // unknown resource
+		"pods/0-16=x;*=y",            // out of range
+		"pods=;*=y",                  // empty target
+	} {
+		if _, err := ParseShardMap(bad, g); err == nil {
+			t.Errorf("ParseShardMap(%q) accepted", bad)
+		}
+	}
+}

@@ -687,7 +687,12 @@ type WatchRequest struct {
 	MinRevision int64 `protobuf:"varint,6,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	// With initial_events: the state must reflect at least etcd's current
 	// revision (a consistent read).
-	Consistent    bool `protobuf:"varint,7,opt,name=consistent,proto3" json:"consistent,omitempty"`
+	Consistent bool `protobuf:"varint,7,opt,name=consistent,proto3" json:"consistent,omitempty"`
+	// With initial_events: the state exactly at this revision (served from the
+	// window; OutOfRange when the window no longer has it), followed by the
+	// events after it. Used to assemble one state across the shards of a split
+	// resource.
+	StateRevision int64 `protobuf:"varint,8,opt,name=state_revision,json=stateRevision,proto3" json:"state_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,8 +776,17 @@ func (x *WatchRequest) GetConsistent() bool {
 	return false
 }
 
+func (x *WatchRequest) GetStateRevision() int64 {
+	if x != nil {
+		return x.StateRevision
+	}
+	return 0
+}
+
 // WatchResponse carries a batch of events in non-decreasing revision order
-// (events of one transaction share a revision).
+// (events of one transaction share a revision). A response never splits a
+// revision: once it has been received, everything up to the revision of its
+// last event has been sent.
 //
 // A stream without initial_events starts with a BOOKMARK at after_revision;
 // one with initial_events starts with the ADDED events of the state. Either
@@ -892,7 +906,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x05items\x18\x02 \x03(\fR\x05items\x12\x1a\n" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
 	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01B\x17\n" +
-	"\x15_remaining_item_count\"\xf1\x01\n" +
+	"\x15_remaining_item_count\"\x98\x02\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -902,7 +916,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\fmin_revision\x18\x06 \x01(\x03R\vminRevision\x12\x1e\n" +
 	"\n" +
 	"consistent\x18\a \x01(\bR\n" +
-	"consistent\"9\n" +
+	"consistent\x12%\n" +
+	"\x0estate_revision\x18\b \x01(\x03R\rstateRevision\"9\n" +
 	"\rWatchResponse\x12(\n" +
 	"\x06events\x18\x01 \x03(\v2\x10.herald.v1.EventR\x06events*[\n" +
 	"\tEventType\x12\x1a\n" +

@@ -132,6 +132,11 @@ func (r *resourceState) get(key string) *kube.Object {
 func (r *resourceState) stateAt(rev, head int64) (*tree, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	return r.stateAtLocked(rev, head)
+}
+
+// stateAtLocked is stateAt with mu held.
+func (r *resourceState) stateAtLocked(rev, head int64) (*tree, bool) {
 	if rev >= head {
 		return r.state.Clone(), true
 	}

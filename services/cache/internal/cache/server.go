@@ -175,7 +175,11 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	sel := kube.Everything(req.Namespace)
 	prefix := rs.res.NamespacePrefix(req.Namespace)
 
-	if req.InitialEvents {
+	if req.InitialEvents && req.StateRevision > 0 {
+		if err := v.s.waitFor(ctx, req.StateRevision, rs.res.ID()); err != nil {
+			return errStatus(err)
+		}
+	} else if req.InitialEvents {
 		min := req.MinRevision
 		if req.Consistent {
 			cur, err := v.s.currentRevision(ctx)
@@ -197,12 +201,27 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	var sub *subscriber
 	var replay []*heraldv1.Event
 	var state *tree
+	var stateRev int64
 	rs.mu.Lock()
 	head := v.s.head.Load()
+	if len(rs.window) > 0 {
+		head = max(head, rs.window[len(rs.window)-1].rev)
+	}
 	after := req.AfterRevision
 	switch {
+	case req.InitialEvents && req.StateRevision > 0:
+		stateRev = req.StateRevision
+		t, ok := rs.stateAtLocked(stateRev, head)
+		if !ok {
+			oldest := rs.windowStart + 1
+			rs.mu.Unlock()
+			return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", stateRev, oldest))
+		}
+		state = t
+		replay, _ = rs.since(stateRev)
 	case req.InitialEvents:
 		state = rs.state.Clone()
+		stateRev = head
 	case after == 0:
 		after = head
 	default:
@@ -213,9 +232,6 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 			return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, oldest))
 		}
 		replay = evs
-	}
-	if len(rs.window) > 0 {
-		head = max(head, rs.window[len(rs.window)-1].rev)
 	}
 	if req.Follow {
 		sub = newSubscriber(v.s.cfg.SubscriberBuffer)
@@ -232,6 +248,9 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		}()
 	}
 
+	// Responses hold up to batch events and never split a revision
+	// (initial ADDED events carry their objects' own revisions and are
+	// followed by a bookmark, so they may be cut anywhere).
 	const batch = 256
 	out := &heraldv1.WatchResponse{}
 	flush := func() error {
@@ -242,11 +261,14 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		out = &heraldv1.WatchResponse{}
 		return err
 	}
+	inState := state != nil
 	add := func(ev *heraldv1.Event) error {
-		out.Events = append(out.Events, ev)
-		if len(out.Events) >= batch {
-			return flush()
+		if n := len(out.Events); n >= batch && (inState || out.Events[n-1].Revision != ev.Revision) {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
+		out.Events = append(out.Events, ev)
 		return nil
 	}
 	if state != nil {
@@ -258,6 +280,15 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		})
 		if sendErr != nil {
 			return sendErr
+		}
+		inState = false
+		if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: stateRev}); err != nil {
+			return err
+		}
+		for _, ev := range replay {
+			if err := add(ev); err != nil {
+				return err
+			}
 		}
 	} else {
 		if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {

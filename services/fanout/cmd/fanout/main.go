@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
@@ -46,21 +44,24 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	conn, err := grpc.NewClient(cfg.CacheAddr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-	)
-	if err != nil {
-		return fmt.Errorf("cache client: %w", err)
-	}
-	defer conn.Close()
-
 	admin := service.NewAdmin()
 	srvCtx, cancelHubs := context.WithCancel(context.Background())
 	defer cancelHubs()
-	handler, err := fanout.NewServer(srvCtx, cfg, log, heraldv1.NewCacheClient(conn), admin.Registry)
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dial := func(target string) (heraldv1.CacheClient, error) {
+		conn, err := service.DialCache(target, nil, 64<<20)
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, conn)
+		return heraldv1.NewCacheClient(conn), nil
+	}
+	handler, err := fanout.NewServer(srvCtx, cfg, log, dial, admin.Registry)
 	if err != nil {
 		return err
 	}

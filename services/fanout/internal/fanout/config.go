@@ -11,6 +11,7 @@ import (
 // Config is the whole configuration of a fanout replica.
 type Config struct {
 	CacheAddr        string
+	CacheShards      string
 	Prefix           string
 	ResourcesFile    string
 	HTTPAddr         string
@@ -29,6 +30,7 @@ type Config struct {
 // RegisterFlags registers every flag of c on fs with its default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CacheAddr, "cache.addr", "127.0.0.1:7100", "gRPC address of the cache (host:port, or dns:///name:port for several replicas).")
+	fs.StringVar(&c.CacheShards, "cache.shards", "", "Shard map: resource[/partitions]=target;...;*=target (see docs/operations.md). Empty: every resource on cache.addr.")
 	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
 	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
 	fs.StringVar(&c.HTTPAddr, "http.addr", "127.0.0.1:7200", "Address of the internal watch HTTP server (reached through frontdoor only).")
@@ -42,6 +44,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MaxTimeout, "watch.max-timeout", time.Hour, "Upper bound of the random server-side watch timeout.")
 	fs.BoolVar(&c.GzipInitial, "watch.gzip-initial", true, "Gzip watch streams that start with initial state (sendInitialEvents, resourceVersion unset or 0) when the client accepts gzip.")
 	fs.DurationVar(&c.UpstreamWait, "upstream-wait", 5*time.Second, "How long a new watch waits for the resource's upstream stream before 503.")
+}
+
+// ShardMap is the shard map in its textual form.
+func (c *Config) ShardMap() string {
+	if c.CacheShards != "" {
+		return c.CacheShards
+	}
+	return "*=" + c.CacheAddr
 }
 
 // Validate reports configuration errors.

@@ -16,65 +16,226 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
-// hub is the one upstream watch a fanout replica holds per resource, shared
-// by all its watchers of that resource.
+// hub is the one upstream a fanout replica holds per resource, shared by all
+// its watchers of that resource: one following cache watch per shard serving
+// the resource (one for an unsplit resource), merged by revision.
 //
 // Invariants (under mu):
 //   - ring holds, oldest first, every event of the resource with revision
 //     > ringStart, up to head; head only grows.
+//   - an event is dispatched only once every shard has sent everything up
+//     to its revision (each shard's "through"), so the merged order is the
+//     revision order.
 //   - a registered watcher has been handed every event after the revision
 //     it joined at, in order, by dispatch (or was closed).
 type hub struct {
 	res    *kube.Resource
-	cache  heraldv1.CacheClient
+	shards []heraldv1.CacheClient
 	log    *slog.Logger
 	m      *metrics
 	size   int
-	synced chan struct{} // closed once the first upstream stream has started
+	synced chan struct{} // closed once every shard's stream has started
 
 	mu        sync.Mutex
 	ring      []*item
 	ringStart int64
 	head      atomic.Int64
 	watchers  map[*watcher]struct{}
-	// isSynced: ringStart and head are known (an upstream stream started
-	// and has not lost continuity since).
+	// isSynced: ringStart and head are known (the upstreams started and
+	// have not lost continuity since).
 	isSynced bool
 }
 
-func newHub(res *kube.Resource, cache heraldv1.CacheClient, size int, log *slog.Logger, m *metrics) *hub {
-	return &hub{res: res, cache: cache, size: size, log: log.With("resource", res.ID()), m: m,
+func newHub(res *kube.Resource, shards []heraldv1.CacheClient, size int, log *slog.Logger, m *metrics) *hub {
+	return &hub{res: res, shards: shards, size: size, log: log.With("resource", res.ID()), m: m,
 		synced: make(chan struct{}), watchers: map[*watcher]struct{}{}}
 }
 
-// run keeps the upstream stream open until ctx ends, resuming after head
-// whenever it breaks.
+// shardBatch is what one shard's stream delivered: its events (never
+// splitting a revision) and the revision it has now sent everything up to.
+type shardBatch struct {
+	shard   int
+	events  []*heraldv1.Event
+	through int64
+	start   bool // the stream's opening bookmark
+	err     error
+}
+
+// run keeps the upstreams open until ctx ends.
 func (h *hub) run(ctx context.Context) {
-	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := h.stream(ctx)
+		err := h.runOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		h.m.upstreamRestarts.WithLabelValues(h.res.ID()).Inc()
-		if status.Code(err) == codes.OutOfRange {
-			// The cache no longer has our resume point: continuity is
-			// lost. Close every watcher (each resumes from its own last
-			// revision, or gets 410 from the cache) and start afresh.
-			h.log.Warn("upstream cannot resume; resetting", "err", err)
-			h.reset()
-		} else {
-			h.log.Info("upstream watch ended; resuming", "after", h.head.Load(), "err", err)
-		}
+		h.log.Warn("upstream lost continuity; resetting", "err", err)
+		h.reset()
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-		if err == nil || status.Code(err) == codes.Aborted {
-			backoff = 100 * time.Millisecond
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// runOnce merges the shards' streams until continuity is lost. A shard
+// stream that breaks is resumed after its own "through", so no event is
+// lost; only a shard that cannot resume (OutOfRange) ends the merge.
+func (h *hub) runOnce(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n := len(h.shards)
+	batches := make(chan shardBatch, 4*n)
+	through := make([]int64, n)
+	started := make([]bool, n)
+	pending := make([][]*heraldv1.Event, n)
+	for i := range h.shards {
+		go h.follow(ctx, i, 0, batches)
+	}
+	for {
+		var b shardBatch
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case b = <-batches:
+		}
+		if b.err != nil {
+			if status.Code(b.err) == codes.OutOfRange {
+				return b.err
+			}
+			h.log.Info("upstream watch ended; resuming", "shard", b.shard, "after", through[b.shard], "err", b.err)
+			go h.resume(ctx, b.shard, through[b.shard], batches)
+			continue
+		}
+		if b.start && !started[b.shard] {
+			started[b.shard] = true
+			through[b.shard] = b.through
+			if all(started) {
+				// The merged stream is complete after the latest start:
+				// every shard sends everything after its own start.
+				var start int64
+				for _, t := range through {
+					start = max(start, t)
+				}
+				h.mu.Lock()
+				h.ringStart = start
+				h.head.Store(start)
+				h.isSynced = true
+				h.mu.Unlock()
+				select {
+				case <-h.synced:
+				default:
+					close(h.synced)
+				}
+			}
+			continue
+		}
+		pending[b.shard] = append(pending[b.shard], b.events...)
+		through[b.shard] = max(through[b.shard], b.through)
+		if !all(started) {
+			continue
+		}
+		h.flush(pending, through)
+	}
+}
+
+func all(bs []bool) bool {
+	for _, b := range bs {
+		if !b {
+			return false
+		}
+	}
+	return true
+}
+
+// flush dispatches, in revision order, every pending event that all shards
+// have passed.
+func (h *hub) flush(pending [][]*heraldv1.Event, through []int64) {
+	safe := through[0]
+	for _, t := range through[1:] {
+		safe = min(safe, t)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for {
+		best := -1
+		for i, p := range pending {
+			if len(p) > 0 && p[0].Revision <= safe && (best < 0 || p[0].Revision < pending[best][0].Revision) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ev := pending[best][0]
+		pending[best][0] = nil
+		pending[best] = pending[best][1:]
+		if ev.Revision <= h.ringStart || ev.Revision < h.head.Load() {
+			continue // before the merged start, or already dispatched
+		}
+		h.dispatch(newItem(ev))
+	}
+	if safe > h.head.Load() {
+		h.head.Store(safe)
+	}
+}
+
+// follow streams one shard from after (0: from its current revision) into
+// batches until the stream fails.
+func (h *hub) follow(ctx context.Context, shard int, after int64, out chan<- shardBatch) {
+	send := func(b shardBatch) bool {
+		select {
+		case out <- b:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	st, err := h.shards[shard].Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), AfterRevision: after, Follow: true})
+	if err != nil {
+		send(shardBatch{shard: shard, err: err})
+		return
+	}
+	first := true
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = status.Error(codes.Unavailable, "upstream stream ended")
+			}
+			send(shardBatch{shard: shard, err: err})
+			return
+		}
+		b := shardBatch{shard: shard}
+		for _, ev := range resp.Events {
+			if first {
+				first = false
+				if after == 0 {
+					if !send(shardBatch{shard: shard, start: true, through: ev.Revision}) {
+						return
+					}
+				}
+				continue
+			}
+			b.through = max(b.through, ev.Revision)
+			if ev.Type != heraldv1.EventType_BOOKMARK {
+				b.events = append(b.events, ev)
+			}
+		}
+		if b.through > 0 && !send(b) {
+			return
+		}
+	}
+}
+
+// resume reopens a broken shard stream after a short pause.
+func (h *hub) resume(ctx context.Context, shard int, after int64, out chan<- shardBatch) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(100 * time.Millisecond):
+	}
+	h.follow(ctx, shard, after, out)
 }
 
 func (h *hub) reset() {
@@ -87,58 +248,6 @@ func (h *hub) reset() {
 	h.ring = nil
 	h.head.Store(0)
 	h.isSynced = false
-}
-
-func (h *hub) stream(ctx context.Context) error {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	h.mu.Lock()
-	after := h.head.Load()
-	h.mu.Unlock()
-	st, err := h.cache.Watch(sctx, &heraldv1.WatchRequest{Resource: h.res.ID(), AfterRevision: after, Follow: true})
-	if err != nil {
-		return err
-	}
-	first := true
-	for {
-		resp, err := st.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		h.mu.Lock()
-		for _, ev := range resp.Events {
-			if first {
-				first = false
-				if !h.isSynced {
-					// The stream starts after ev.Revision: the ring is
-					// complete from there on.
-					h.ringStart = ev.Revision
-					h.head.Store(ev.Revision)
-					h.isSynced = true
-					select {
-					case <-h.synced:
-					default:
-						close(h.synced)
-					}
-				}
-				continue
-			}
-			if ev.Type == heraldv1.EventType_BOOKMARK {
-				if ev.Revision > h.head.Load() {
-					h.head.Store(ev.Revision)
-				}
-				continue
-			}
-			if ev.Revision < h.head.Load() {
-				continue // already have it (cannot happen on a healthy stream)
-			}
-			h.dispatch(newItem(ev))
-		}
-		h.mu.Unlock()
-	}
 }
 
 // dispatch appends it to the ring and hands it to every watcher it

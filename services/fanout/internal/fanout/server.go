@@ -66,21 +66,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // Server is a fanout replica's watch HTTP handler.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	reg   *kube.Registry
-	cache heraldv1.CacheClient
-	m     *metrics
-	ctx   context.Context
+	cfg    Config
+	log    *slog.Logger
+	reg    *kube.Registry
+	shards *kube.ShardMap
+	caches map[string]heraldv1.CacheClient // by shard target
+	m      *metrics
+	ctx    context.Context
 
 	mu       sync.Mutex
 	hubs     map[string]*hub
 	watchers atomic.Int64
 }
 
-// NewServer creates a replica serving watches from cache. Hubs live until
-// ctx ends.
-func NewServer(ctx context.Context, cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer) (*Server, error) {
+// NewServer creates a replica serving watches from the cache shards of
+// shards; dial connects to one shard's target. Hubs live until ctx ends.
+func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(target string) (heraldv1.CacheClient, error), promReg prometheus.Registerer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -88,7 +89,31 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, cache heraldv1
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: log, reg: reg, cache: cache, m: newMetrics(promReg), ctx: ctx, hubs: map[string]*hub{}}, nil
+	shards, err := kube.ParseShardMap(cfg.ShardMap(), reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, reg: reg, shards: shards, caches: map[string]heraldv1.CacheClient{},
+		m: newMetrics(promReg), ctx: ctx, hubs: map[string]*hub{}}
+	for _, t := range shards.Targets() {
+		if s.caches[t], err = dial(t); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// clients returns the shards serving r in namespace (all of r's shards for
+// a cluster-wide request).
+func (s *Server) clients(r *kube.Resource, namespace string) []heraldv1.CacheClient {
+	if namespace != "" {
+		return []heraldv1.CacheClient{s.caches[s.shards.For(r, namespace).Target]}
+	}
+	var out []heraldv1.CacheClient
+	for _, sh := range s.shards.All(r) {
+		out = append(out, s.caches[sh.Target])
+	}
+	return out
 }
 
 func (s *Server) hub(r *kube.Resource) *hub {
@@ -96,7 +121,7 @@ func (s *Server) hub(r *kube.Resource) *hub {
 	defer s.mu.Unlock()
 	h, ok := s.hubs[r.ID()]
 	if !ok {
-		h = newHub(r, s.cache, s.cfg.RingSize, s.log, s.m)
+		h = newHub(r, s.clients(r, ""), s.cfg.RingSize, s.log, s.m)
 		s.hubs[r.ID()] = h
 		go h.run(s.ctx)
 	}
@@ -231,10 +256,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // start sends the initial events (if any) and catches the watcher up until
 // it has joined the hub; it returns the revision it joined after.
 func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info kube.RequestInfo, plan rv.WatchPlan) (int64, error) {
+	clients := s.clients(info.Resource, info.Namespace)
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
-		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
+		rev, err := s.initialState(ctx, st, wt.sel, clients, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent})
 		if err != nil {
 			return 0, err
@@ -261,12 +287,12 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 			st.flush()
 			return last, st.err
 		}
-		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last})
+		rev, err := s.replay(ctx, st, wt.sel, clients, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last})
 		if err != nil {
 			return 0, err
 		}
 		if rev <= last {
-			// The cache is no further than we are and the hub is not
+			// The caches are no further than we are and the hub is not
 			// synced yet: wait for it rather than spin.
 			if !h.waitSynced(ctx, s.cfg.UpstreamWait) {
 				return 0, status.Error(codes.Unavailable, "upstream not ready")
@@ -281,37 +307,106 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 	}
 }
 
-// replay streams a non-following cache watch to the client, filtered by sel,
-// and returns the revision the cache said it was complete through.
-func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
-	cs, err := s.cache.Watch(ctx, req)
+// read runs one non-following cache watch, calling fn for every event
+// (bookmarks included) until the stream ends.
+func read(ctx context.Context, c heraldv1.CacheClient, req *heraldv1.WatchRequest, fn func(*heraldv1.Event) bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cs, err := c.Watch(ctx, req)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	var through int64
 	for {
 		resp, err := cs.Recv()
 		if errors.Is(err, io.EOF) {
-			return through, st.err
+			return nil
 		}
 		if err != nil {
-			return 0, err
+			return err
 		}
 		for _, ev := range resp.Events {
+			if !fn(ev) {
+				return nil
+			}
+		}
+	}
+}
+
+// initialState writes the synthetic ADDED events of the state and returns
+// its revision. Over several shards, the first one chooses the revision
+// (consistent or not older than requested) and the others serve their state
+// at exactly that revision, so the union is one consistent state.
+func (s *Server) initialState(ctx context.Context, st *stream, sel *kube.Selector, clients []heraldv1.CacheClient, req *heraldv1.WatchRequest) (int64, error) {
+	var rev int64
+	for i, c := range clients {
+		if i > 0 {
+			req = &heraldv1.WatchRequest{Resource: req.Resource, Namespace: req.Namespace, InitialEvents: true, StateRevision: rev}
+		}
+		err := read(ctx, c, req, func(ev *heraldv1.Event) bool {
 			if ev.Type == heraldv1.EventType_BOOKMARK {
-				through = max(through, ev.Revision)
-				continue
+				if i == 0 {
+					rev = ev.Revision
+				}
+				return false // the state ends at its first bookmark
 			}
 			it := newItem(ev)
 			if t := it.transition(sel); t != kube.Skip {
 				st.event(it, t)
 			}
+			return st.err == nil
+		})
+		if err != nil {
+			return 0, err
 		}
 		st.flush()
 		if st.err != nil {
 			return 0, st.err
 		}
 	}
+	return rev, nil
+}
+
+// replay writes, filtered by sel and merged by revision across clients, the
+// events after req.AfterRevision that every shard has passed, and returns
+// the revision it is complete through.
+func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, clients []heraldv1.CacheClient, req *heraldv1.WatchRequest) (int64, error) {
+	lists := make([][]*heraldv1.Event, len(clients))
+	through := int64(-1)
+	for i, c := range clients {
+		var t int64
+		err := read(ctx, c, req, func(ev *heraldv1.Event) bool {
+			if ev.Type == heraldv1.EventType_BOOKMARK {
+				t = max(t, ev.Revision)
+			} else {
+				lists[i] = append(lists[i], ev)
+			}
+			return true
+		})
+		if err != nil {
+			return 0, err
+		}
+		if through < 0 || t < through {
+			through = t
+		}
+	}
+	for {
+		best := -1
+		for i, l := range lists {
+			if len(l) > 0 && l[0].Revision <= through && (best < 0 || l[0].Revision < lists[best][0].Revision) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		it := newItem(lists[best][0])
+		lists[best] = lists[best][1:]
+		if t := it.transition(sel); t != kube.Skip {
+			st.event(it, t)
+		}
+	}
+	st.flush()
+	return through, st.err
 }
 
 // serve drains the watcher's queue to the client until the client leaves,

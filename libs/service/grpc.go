@@ -1,0 +1,61 @@
+package service
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
+)
+
+// DialCache opens a client connection to one cache shard's replicas,
+// balancing calls round-robin over them. target is a gRPC target: host:port,
+// dns:///name:port (a headless Service: one address per replica) or
+// static:///a:port,b:port (a fixed list, for local stacks). creds nil means
+// plaintext.
+func DialCache(target string, creds credentials.TransportCredentials, maxRecv int) (*grpc.ClientConn, error) {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithResolvers(staticBuilder{}),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecv)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("cache client for %s: %w", target, err)
+	}
+	return conn, nil
+}
+
+// staticBuilder resolves static:///a,b,c to those addresses once.
+type staticBuilder struct{}
+
+func (staticBuilder) Scheme() string { return "static" }
+
+func (staticBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	var eps []resolver.Endpoint
+	for _, a := range strings.Split(t.Endpoint(), ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+		}
+	}
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("static target %q names no address", t.URL.String())
+	}
+	if err := cc.UpdateState(resolver.State{Endpoints: eps}); err != nil {
+		return nil, err
+	}
+	return staticResolver{}, nil
+}
+
+type staticResolver struct{}
+
+func (staticResolver) ResolveNow(resolver.ResolveNowOptions) {}
+func (staticResolver) Close()                                {}
