@@ -1,0 +1,270 @@
+package containers
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"herald.dev/integration/checker"
+)
+
+// TestCluster starts the topology once and runs every fault scenario on it
+// in turn. Each scenario starts its own writer and clients and checks them
+// against etcd's history; a scenario leaves the cluster whole again.
+func TestCluster(t *testing.T) {
+	c := startCluster(t)
+	for _, sc := range []struct {
+		name  string
+		fault func(t *testing.T, ctx context.Context, c *cluster, s *scenario)
+	}{
+		{"KillIngestLeader", killIngestLeader},
+		{"KillCacheReplica", killCacheReplica},
+		{"KillFanoutReplica", killFanoutReplica},
+		{"RestartNATSNode", restartNATSNode},
+		{"KillEtcdMember", killEtcdMember},
+		{"PartitionFanout", partitionFanout},
+		{"RollingRestart", rollingRestart},
+		{"ScaleFanout", scaleFanout},
+	} {
+		if !t.Run(sc.name, func(t *testing.T) { c.run(t, sc.fault) }) {
+			return // the cluster may not be whole: later scenarios would only add noise
+		}
+	}
+}
+
+// scenario is the churn and the clients of one fault scenario.
+type scenario struct {
+	c        *cluster
+	from     int64
+	ctx      context.Context
+	mu       sync.Mutex
+	watchers []*watcher
+	wg       sync.WaitGroup
+}
+
+// addWatcher starts one more resuming client from rv.
+func (s *scenario) addWatcher(name string, prefer int, rv int64) *watcher {
+	w := newWatcher(s.c, name, prefer, rv)
+	s.mu.Lock()
+	s.watchers = append(s.watchers, w)
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); w.run(s.ctx) }()
+	return w
+}
+
+// advance waits until every client has seen n more events than now: the
+// pipeline is flowing end to end.
+func (s *scenario) advance(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	s.mu.Lock()
+	ws := append([]*watcher(nil), s.watchers...)
+	s.mu.Unlock()
+	start := make([]int, len(ws))
+	for i, w := range ws {
+		start[i], _ = w.progress()
+	}
+	waitFor(t, timeout, fmt.Sprintf("every client to see %d more events", n), func() bool {
+		for i, w := range ws {
+			if got, _ := w.progress(); got < start[i]+n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// run is one scenario: churn and two clients (one per frontdoor), the
+// fault, churn on after it heals, then every client checked against etcd.
+func (c *cluster) run(t *testing.T, fault func(t *testing.T, ctx context.Context, c *cluster, s *scenario)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	wctx, stopWatchers := context.WithCancel(ctx)
+	s := &scenario{c: c, ctx: wctx, from: currentRevision(t, ctx, c.etcd)}
+	t.Cleanup(func() { stopWatchers(); s.wg.Wait() })
+	s.addWatcher("client-a", 0, s.from)
+	s.addWatcher("client-b", 1, s.from)
+
+	cctx, stopChurn := context.WithCancel(ctx)
+	churned := make(chan struct{})
+	go func() { defer close(churned); churn(cctx, c.etcd, 20*time.Millisecond) }()
+	defer func() { stopChurn(); <-churned }()
+
+	s.advance(t, 100, time.Minute)
+	fault(t, ctx, c, s)
+	s.advance(t, 200, 2*time.Minute)
+	stopChurn()
+	<-churned
+
+	last := currentRevision(t, ctx, c.etcd)
+	s.mu.Lock()
+	ws := append([]*watcher(nil), s.watchers...)
+	s.mu.Unlock()
+	waitFor(t, 2*time.Minute, fmt.Sprintf("every client to reach revision %d", last), func() bool {
+		for _, w := range ws {
+			if _, rv := w.progress(); rv < last {
+				return false
+			}
+		}
+		return true
+	})
+	stopWatchers()
+	s.wg.Wait()
+
+	for _, w := range ws {
+		want, err := expectedEvents(ctx, c.etcd, w.from, last)
+		if err != nil {
+			t.Fatalf("etcd history: %v", err)
+		}
+		v := w.judge(want)
+		t.Logf("%s: %v", w.name, v)
+		if !v.ok() {
+			for _, err := range v.errs {
+				t.Errorf("%s: %v", w.name, err)
+			}
+			for _, err := range checker.Compare(streamOf(want), streamOf(w.got)) {
+				t.Errorf("%s: %v", w.name, err)
+			}
+			t.Errorf("%s: %v", w.name, v)
+		}
+		if len(want) < 300 {
+			t.Errorf("%s: only %d changes in the scenario; the churn did not run", w.name, len(want))
+		}
+	}
+}
+
+// leader polls the ingest replicas until exactly one says it leads.
+func leader(t *testing.T, ctx context.Context, c *cluster) *node {
+	t.Helper()
+	var lead *node
+	waitFor(t, 30*time.Second, "exactly one ingest leader", func() bool {
+		lead = nil
+		count := 0
+		for _, n := range c.group("ingest") {
+			if v, err := n.metric(ctx, "herald_ingest_leader"); err == nil && v == 1 {
+				lead, count = n, count+1
+			}
+		}
+		return count == 1
+	})
+	return lead
+}
+
+func killIngestLeader(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	lead := leader(t, ctx, c)
+	c.kill(t, ctx, lead)
+	s.advance(t, 200, time.Minute) // the other replica took over
+	if next := leader(t, ctx, c); next == lead {
+		t.Fatalf("%s still leads after being killed", lead.name)
+	}
+	c.restart(t, ctx, lead)
+}
+
+func killCacheReplica(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	n := c.node(t, "cache-0")
+	c.kill(t, ctx, n)
+	s.advance(t, 200, time.Minute)
+	c.restart(t, ctx, n)
+}
+
+// busiestFanout is the fanout replica with the most open watches.
+func busiestFanout(t *testing.T, ctx context.Context, c *cluster) *node {
+	t.Helper()
+	var best *node
+	var most float64 = -1
+	for _, n := range c.group("fanout") {
+		if v, err := n.metric(ctx, "herald_fanout_watchers"); err == nil && v > most {
+			best, most = n, v
+		}
+	}
+	if best == nil {
+		t.Fatal("no fanout answers /metrics")
+	}
+	return best
+}
+
+func killFanoutReplica(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	n := busiestFanout(t, ctx, c)
+	c.kill(t, ctx, n)
+	s.advance(t, 200, time.Minute)
+	c.restart(t, ctx, n)
+}
+
+func restartNATSNode(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	n := c.node(t, "nats-1")
+	c.stop(t, ctx, n)
+	s.advance(t, 200, time.Minute)
+	c.restart(t, ctx, n)
+}
+
+func killEtcdMember(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	var lead *node
+	waitFor(t, 30*time.Second, "an etcd leader", func() bool {
+		for _, n := range c.group("etcd") {
+			if v, err := n.metric(ctx, "etcd_server_is_leader"); err == nil && v == 1 {
+				lead = n
+				return true
+			}
+		}
+		return false
+	})
+	c.kill(t, ctx, lead)
+	s.advance(t, 200, time.Minute)
+	c.restart(t, ctx, lead)
+}
+
+// partitionFanout cuts the busiest fanout off the network (from the caches
+// and from frontdoor alike): its clients' streams go silent, they resume on
+// other replicas; after the heal it serves again.
+func partitionFanout(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	n := busiestFanout(t, ctx, c)
+	c.disconnect(t, ctx, n)
+	s.advance(t, 200, time.Minute)
+	c.connect(t, ctx, n)
+	waitFor(t, time.Minute, n.name+" ready after the heal", func() bool { return n.ready(ctx) })
+}
+
+// rollingRestart restarts every replica of every Herald service, one at a
+// time, gracefully (SIGTERM), as a Deployment rollout does.
+func rollingRestart(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	for _, g := range []string{"ingest", "cache", "fanout", "frontdoor"} {
+		for _, n := range c.group(g) {
+			c.stop(t, ctx, n)
+			c.restart(t, ctx, n)
+			s.advance(t, 50, time.Minute)
+		}
+	}
+}
+
+// scaleFanout adds three fanout replicas, opens new clients (which must
+// land on new replicas too), then removes the three again.
+func scaleFanout(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
+	c.startAll(t, ctx, c.fanoutSpec(3), c.fanoutSpec(4), c.fanoutSpec(5))
+	rv := currentRevision(t, ctx, c.etcd)
+	for i := range 8 {
+		s.addWatcher(fmt.Sprintf("client-scale-%d", i), i, rv)
+	}
+	s.advance(t, 100, time.Minute)
+	fresh := []string{"fanout-3", "fanout-4", "fanout-5"}
+	waitFor(t, 30*time.Second, "clients on the new fanout replicas", func() bool {
+		var onNew float64
+		for _, name := range fresh {
+			v, _ := c.node(t, name).metric(ctx, "herald_fanout_watchers")
+			onNew += v
+		}
+		return onNew > 0
+	})
+	for _, name := range fresh {
+		var count float64
+		count, _ = c.node(t, name).metric(ctx, "herald_fanout_watchers")
+		t.Logf("%s serves %v watches", name, count)
+	}
+	for _, name := range fresh {
+		n := c.node(t, name)
+		c.stop(t, ctx, n)
+		c.forget(name)
+		s.advance(t, 50, time.Minute)
+	}
+}
