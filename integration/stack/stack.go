@@ -29,6 +29,8 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"herald.dev/libs/kube"
 )
 
 // Options say what to start. Zero addresses pick free loopback ports.
@@ -45,10 +47,24 @@ type Options struct {
 	InternalPorts []int
 	Ingests       int // default 1
 	Fanouts       int // default 1
+	// CacheShards lays out the caches; nil is one shard owning everything,
+	// with one replica (process "cache-0"). Shard i's replica j is process
+	// "cache-<i>-<j>".
+	CacheShards []CacheShard
 	// Extra flags per service name ("ingest", "cache", "fanout", "frontdoor").
 	Flags map[string][]string
 	// Logs receives the services' output; nil writes it to Dir/logs.
 	Logs io.Writer
+}
+
+// CacheShard is one cache shard: what it owns and how many replicas serve it.
+type CacheShard struct {
+	// Resources: comma-separated resource IDs; empty for every resource not
+	// owned by another shard (the "*" entry of the shard map).
+	Resources string
+	// Partitions of those resources, e.g. "0-7"; empty for all.
+	Partitions string
+	Replicas   int
 }
 
 // Stack is a running Herald.
@@ -137,9 +153,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			"--progress-interval=200ms", "--election.lease-ttl=2s",
 		}, opts.Flags["ingest"]...)})
 	}
-	s.add(&Proc{Name: "cache-0", Bin: "cache", Admin: cacheAdmin, Addrs: map[string]string{"grpc": cacheGRPC}, Args: append([]string{
-		"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + cacheGRPC, "--admin.addr=" + cacheAdmin,
-	}, opts.Flags["cache"]...)})
+	shardMap := s.addCaches(cacheGRPC, cacheAdmin)
 	var fanoutURLs []string
 	for i := range opts.Fanouts {
 		httpAddr, admin := fanoutHTTP, fanoutAdmin
@@ -148,11 +162,11 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 		fanoutURLs = append(fanoutURLs, "http://"+httpAddr)
 		s.add(&Proc{Name: fmt.Sprintf("fanout-%d", i), Bin: "fanout", Admin: admin, Addrs: map[string]string{"http": httpAddr}, Args: append([]string{
-			"--cache.addr=" + cacheGRPC, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
+			"--cache.shards=" + shardMap, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
 		}, opts.Flags["fanout"]...)})
 	}
 	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append([]string{
-		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.addr=" + cacheGRPC,
+		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.shards=" + shardMap,
 		"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
 		"--token-auth-file=" + tokenFile,
 	}, opts.Flags["frontdoor"]...)})
@@ -176,6 +190,64 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// addCaches adds the cache processes and returns the shard map naming them.
+func (s *Stack) addCaches(firstGRPC, firstAdmin string) string {
+	shards := s.opts.CacheShards
+	if len(shards) == 0 {
+		shards = []CacheShard{{Replicas: 1}}
+	}
+	// The "*" shard owns what no other shard names (of the built-in
+	// registry; custom registries name their shards explicitly).
+	named := map[string]bool{}
+	for _, sh := range shards {
+		for _, r := range strings.Split(sh.Resources, ",") {
+			named[r] = true
+		}
+	}
+	var rest []string
+	for _, r := range kube.DefaultResources() {
+		if rr, err := kube.NewRegistry(kube.DefaultPrefix, []kube.Resource{r}); err == nil && !named[rr.Resources()[0].ID()] {
+			rest = append(rest, rr.Resources()[0].ID())
+		}
+	}
+	var entries []string
+	for i, sh := range shards {
+		owned := sh.Resources
+		if owned == "" && len(shards) > 1 {
+			owned = strings.Join(rest, ",")
+		}
+		var addrs []string
+		for j := range max(sh.Replicas, 1) {
+			grpcAddr, admin := freeAddr(), freeAddr()
+			if i == 0 && j == 0 {
+				grpcAddr, admin = firstGRPC, firstAdmin
+			}
+			name := fmt.Sprintf("cache-%d-%d", i, j)
+			if len(s.opts.CacheShards) == 0 {
+				name = "cache-0"
+			}
+			addrs = append(addrs, grpcAddr)
+			s.add(&Proc{Name: name, Bin: "cache", Admin: admin, Addrs: map[string]string{"grpc": grpcAddr}, Args: append([]string{
+				"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + grpcAddr, "--admin.addr=" + admin,
+				"--shard.resources=" + owned, "--shard.partitions=" + sh.Partitions,
+			}, s.opts.Flags["cache"]...)})
+		}
+		target := "static:///" + strings.Join(addrs, ",")
+		if sh.Resources == "" {
+			entries = append(entries, "*="+target)
+			continue
+		}
+		for _, r := range strings.Split(sh.Resources, ",") {
+			spec := r
+			if sh.Partitions != "" {
+				spec += "/" + sh.Partitions
+			}
+			entries = append(entries, spec+"="+target)
+		}
+	}
+	return strings.Join(entries, ";")
 }
 
 func (s *Stack) add(p *Proc) {

@@ -605,8 +605,11 @@ type ListResponse struct {
 	// Objects left after this page; set only when a limit applied and no
 	// selector was given (as kube-apiserver does).
 	RemainingItemCount *int64 `protobuf:"varint,4,opt,name=remaining_item_count,json=remainingItemCount,proto3,oneof" json:"remaining_item_count,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The etcd key of each item, in the same order (for merging the pages of
+	// several shards).
+	Keys          []string `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListResponse) Reset() {
@@ -665,6 +668,13 @@ func (x *ListResponse) GetRemainingItemCount() int64 {
 		return *x.RemainingItemCount
 	}
 	return 0
+}
+
+func (x *ListResponse) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
 }
 
 type WatchRequest struct {
@@ -900,12 +910,13 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x06 \x01(\tR\rlabelSelector\x12%\n" +
 	"\x0efield_selector\x18\a \x01(\tR\rfieldSelector\x12\x14\n" +
 	"\x05limit\x18\b \x01(\x03R\x05limit\x12\x1a\n" +
-	"\bcontinue\x18\t \x01(\tR\bcontinue\"\xac\x01\n" +
+	"\bcontinue\x18\t \x01(\tR\bcontinue\"\xc0\x01\n" +
 	"\fListResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05items\x18\x02 \x03(\fR\x05items\x12\x1a\n" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
-	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01B\x17\n" +
+	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01\x12\x12\n" +
+	"\x04keys\x18\x05 \x03(\tR\x04keysB\x17\n" +
 	"\x15_remaining_item_count\"\x98\x02\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +

@@ -127,6 +127,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			return nil, status.Errorf(codes.NotFound, "%s %q not found", rs.res.ID(), req.Name)
 		}
 		resp.Items = [][]byte{e.obj.JSON}
+		resp.Keys = []string{key}
 		return resp, nil
 	}
 	after := ""
@@ -150,6 +151,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			return true
 		}
 		resp.Items = append(resp.Items, e.obj.JSON)
+		resp.Keys = append(resp.Keys, e.key)
 		last = e.key
 		return true
 	})

@@ -14,10 +14,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
 	"herald.dev/services/frontdoor/internal/frontdoor"
@@ -58,16 +58,24 @@ func run() error {
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	conn, err := grpc.NewClient(cfg.CacheAddr,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.MaxListResponse)),
-	)
+	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
 	if err != nil {
-		return fmt.Errorf("cache client: %w", err)
+		return err
 	}
-	defer conn.Close()
-	handler, err := frontdoor.NewServer(cfg, log, heraldv1.NewCacheClient(conn), admin.Registry, admin.Registry)
+	shards, err := kube.ParseShardMap(cfg.ShardMap(), reg)
+	if err != nil {
+		return err
+	}
+	clients := map[string]heraldv1.CacheClient{}
+	for _, target := range shards.Targets() {
+		conn, err := service.DialCache(target, creds, cfg.MaxListResponse)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients[target] = heraldv1.NewCacheClient(conn)
+	}
+	handler, err := frontdoor.NewServer(cfg, log, frontdoor.NewShardedCache(reg, shards, clients), admin.Registry, admin.Registry)
 	if err != nil {
 		return err
 	}
@@ -90,7 +98,7 @@ func run() error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	log.Info("frontdoor starting", "addr", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.CacheAddr, "fanouts", cfg.FanoutAddrs)
+	log.Info("frontdoor starting", "addr", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.ShardMap(), "fanouts", cfg.FanoutAddrs)
 	if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -30,6 +30,7 @@ type Config struct {
 
 	// Backends.
 	CacheAddr       string
+	CacheShards     string
 	FanoutAddrs     string
 	FanoutTLS       ClientTLS
 	CacheTLS        ClientTLS
@@ -100,6 +101,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AuthorizationDir, "authorization.rbac-dir", "", "Directory of RBAC manifests (YAML or JSON Role, ClusterRole, RoleBinding, ClusterRoleBinding, List); reloaded when it changes. Group system:masters is always allowed everything.")
 
 	fs.StringVar(&c.CacheAddr, "cache.addr", "127.0.0.1:7100", "gRPC address of the cache (host:port, or dns:///name:port).")
+	fs.StringVar(&c.CacheShards, "cache.shards", "", "Shard map: resource[/partitions]=target;...;*=target (see docs/operations.md). Empty: every resource on cache.addr.")
 	fs.StringVar(&c.FanoutAddrs, "fanout.addrs", "http://127.0.0.1:7200", "Comma-separated base URLs of fanout replicas (https:// with fanout.tls.* for mutual TLS).")
 	c.FanoutTLS.register(fs, "fanout", "fanout replicas")
 	c.CacheTLS.register(fs, "cache", "the cache")
@@ -126,6 +128,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // Validate reports configuration errors.
+// ShardMap is the shard map in its textual form.
+func (c *Config) ShardMap() string {
+	if c.CacheShards != "" {
+		return c.CacheShards
+	}
+	return "*=" + c.CacheAddr
+}
+
 func (c *Config) Validate() error {
 	var errs []error
 	if c.TLSCertFile == "" || c.TLSKeyFile == "" {
