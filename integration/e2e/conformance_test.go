@@ -282,16 +282,35 @@ func TestConformance(t *testing.T) {
 		e.wantStatus(t, "/api/v1/pods?limit=2&continue=bm90LWEtdG9rZW4", 400, "BadRequest")
 	})
 
-	t.Run("watch from too old", func(t *testing.T) {
-		_, evs := e.openWatch(t, ctx, "/api/v1/pods?watch=true&resourceVersion=2")
+	t.Run("watch from before the stream's history", func(t *testing.T) {
+		_, evs := e.openWatch(t, ctx, "/api/v1/pods?watch=true&resourceVersion=1")
 		ev := <-evs
 		var st status
 		json.Unmarshal(ev.Object, &st)
-		if ev.Type != "ERROR" || st.Code != 410 || st.Reason != "Expired" || !strings.HasPrefix(st.Message, "too old resource version: 2 (") {
+		if ev.Type != "ERROR" || st.Code != 410 || st.Reason != "Expired" || !strings.HasPrefix(st.Message, "too old resource version: 1 (") {
 			t.Fatalf("got %s %s", ev.Type, ev.Object)
 		}
 		if _, ok := <-evs; ok {
 			t.Fatalf("stream continued after the ERROR event")
+		}
+	})
+
+	t.Run("deep resume from the stream", func(t *testing.T) {
+		// Older than the 40-event window, but inside the stream's history:
+		// every change since, from the stream, then from the window.
+		now := e.rev(t, ctx)
+		history, err := checker.EtcdHistory(ctx, e.etcd, "/registry/pods/", 3, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := checker.ExpectedEvents("/registry/pods/", history, nil)
+		if len(want) <= 40 {
+			t.Fatalf("only %d changes so far; the window must have been passed", len(want))
+		}
+		_, evs := e.openWatch(t, ctx, "/api/v1/pods?watch=true&resourceVersion=2")
+		got := collect(t, ctx, evs, want[len(want)-1].RV)
+		for _, err := range checker.CheckWatch(want, got) {
+			t.Error(err)
 		}
 	})
 

@@ -43,8 +43,13 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	tel, err := service.NewTelemetry(ctx, "cache")
+	if err != nil {
+		return err
+	}
+	defer shutdownTelemetry(tel)
 	admin := service.NewAdmin()
-	shard, err := cache.New(cfg, log, admin.Registry)
+	shard, err := cache.New(cfg, log, admin.Registry, cache.WithTracer(tel.Tracer("herald.dev/services/cache")))
 	if err != nil {
 		return err
 	}
@@ -52,18 +57,31 @@ func run() error {
 	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		return err
-	}
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}, tel.GRPCServerOptions()...)...)
 	heraldv1.RegisterCacheServer(srv, cache.NewServer(shard))
-	go srv.Serve(ln)
-	log.Info("cache starting", "grpc", ln.Addr().String(), "admin", admin.Addr())
+	// Serve gRPC only once the snapshot is loaded: clients balance over
+	// replicas by connection, and a replica that is still loading must not
+	// be picked.
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-shard.FirstReady():
+		}
+		ln, err := net.Listen("tcp", cfg.GRPCAddr)
+		if err != nil {
+			log.Error("gRPC listener", "err", err)
+			stop()
+			return
+		}
+		log.Info("serving gRPC", "grpc", ln.Addr().String())
+		srv.Serve(ln)
+	}()
+	log.Info("cache starting", "grpc", cfg.GRPCAddr, "admin", admin.Addr())
 	err = shard.Run(ctx)
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
@@ -74,4 +92,11 @@ func run() error {
 	}
 	log.Info("cache stopped")
 	return err
+}
+
+// shutdownTelemetry flushes the spans still buffered (bounded).
+func shutdownTelemetry(tel *service.Telemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tel.Shutdown(ctx)
 }

@@ -199,17 +199,62 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		}
 	}
 
+	// Responses hold up to batch events and never split a revision
+	// (initial ADDED events carry their objects' own revisions and are
+	// followed by a bookmark, so they may be cut anywhere).
+	const batch = 256
+	out := &heraldv1.WatchResponse{}
+	flush := func() error {
+		if len(out.Events) == 0 {
+			return nil
+		}
+		err := stream.Send(out)
+		out = &heraldv1.WatchResponse{}
+		return err
+	}
+	inState := false
+	add := func(ev *heraldv1.Event) error {
+		if n := len(out.Events); n >= batch && (inState || out.Events[n-1].Revision != ev.Revision) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		out.Events = append(out.Events, ev)
+		return nil
+	}
 	// Take what must be replayed and register for what follows, atomically.
+	// A revision older than the window is first replayed from the stream's
+	// retained history up to the window's start (deep resume), then the
+	// window takes over.
 	var sub *subscriber
 	var replay []*heraldv1.Event
 	var state *tree
 	var stateRev int64
-	rs.mu.Lock()
-	head := v.s.head.Load()
+	after := req.AfterRevision
+	sentStart := false
+	var head int64
+	for {
+		rs.mu.Lock()
+		if req.InitialEvents || after == 0 || after >= rs.windowStart {
+			break
+		}
+		windowStart := rs.windowStart
+		rs.mu.Unlock()
+		if !sentStart {
+			if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {
+				return err
+			}
+			sentStart = true
+		}
+		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, windowStart, add); err != nil {
+			return err
+		}
+		after = windowStart
+	}
+	head = v.s.head.Load()
 	if len(rs.window) > 0 {
 		head = max(head, rs.window[len(rs.window)-1].rev)
 	}
-	after := req.AfterRevision
 	switch {
 	case req.InitialEvents && req.StateRevision > 0:
 		stateRev = req.StateRevision
@@ -241,6 +286,7 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		v.s.m.subs.WithLabelValues(rs.res.ID()).Inc()
 	}
 	rs.mu.Unlock()
+	inState = state != nil
 	if sub != nil {
 		defer func() {
 			rs.mu.Lock()
@@ -250,29 +296,6 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		}()
 	}
 
-	// Responses hold up to batch events and never split a revision
-	// (initial ADDED events carry their objects' own revisions and are
-	// followed by a bookmark, so they may be cut anywhere).
-	const batch = 256
-	out := &heraldv1.WatchResponse{}
-	flush := func() error {
-		if len(out.Events) == 0 {
-			return nil
-		}
-		err := stream.Send(out)
-		out = &heraldv1.WatchResponse{}
-		return err
-	}
-	inState := state != nil
-	add := func(ev *heraldv1.Event) error {
-		if n := len(out.Events); n >= batch && (inState || out.Events[n-1].Revision != ev.Revision) {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-		out.Events = append(out.Events, ev)
-		return nil
-	}
 	if state != nil {
 		var sendErr error
 		scan(state, prefix, "", func(e *entry) bool {
@@ -293,8 +316,10 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 			}
 		}
 	} else {
-		if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {
-			return err
+		if !sentStart {
+			if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {
+				return err
+			}
 		}
 		for _, ev := range replay {
 			if !sel.Matches(ev.Namespace, nil, nil) {

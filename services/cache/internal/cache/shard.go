@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -76,6 +77,12 @@ type Shard struct {
 	partitions map[int]bool
 	resources  map[string]*resourceState // by resource ID
 
+	// tracer: nil when tracing is off (see WithTracer). traceparent: the
+	// trace context of the record being applied (apply goroutine only).
+	tracer      trace.Tracer
+	traceparent string
+	obs         *obsMetrics
+
 	etcd *clientv3.Client
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -84,12 +91,14 @@ type Shard struct {
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced whenever head moves
 
-	ready   atomic.Bool
-	pending []*heraldv1.Change // parts of a split revision
+	ready     atomic.Bool
+	firstOnce sync.Once
+	firstUp   chan struct{}      // closed when the shard is ready the first time
+	pending   []*heraldv1.Change // parts of a split revision
 }
 
 // New validates cfg and creates a shard; Start connects and loads it.
-func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Shard, error) {
+func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Option) (*Shard, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -100,7 +109,7 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Shard, e
 	parts, _ := cfg.partitionSet()
 	sizes, _ := cfg.windowSizes()
 	s := &Shard{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg), partitions: parts,
-		resources: map[string]*resourceState{}, advanced: make(chan struct{})}
+		resources: map[string]*resourceState{}, advanced: make(chan struct{}), firstUp: make(chan struct{})}
 	owned := map[string]bool{}
 	for _, id := range strings.Split(cfg.Resources, ",") {
 		if id = strings.TrimSpace(id); id != "" {
@@ -123,6 +132,10 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Shard, e
 		s.resources[r.ID()] = newResourceState(r, size)
 		s.m.capacity.WithLabelValues(r.ID()).Set(float64(size))
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.obs = newObsMetrics(promReg, s)
 	return s, nil
 }
 
@@ -134,6 +147,10 @@ func (s *Shard) Ready() error {
 	}
 	return nil
 }
+
+// FirstReady is closed once the shard has loaded its first snapshot and
+// follows the stream.
+func (s *Shard) FirstReady() <-chan struct{} { return s.firstUp }
 
 // Head is the revision the shard has applied.
 func (s *Shard) Head() int64 { return s.head.Load() }
@@ -197,6 +214,7 @@ func (s *Shard) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	go s.pollStreamLag(ctx)
 	backoff := 200 * time.Millisecond
 	var next uint64 // stream sequence to resume from; 0: rebuild from a snapshot
 	for ctx.Err() == nil {
@@ -266,6 +284,7 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	s.ready.Store(true)
+	s.firstOnce.Do(func() { close(s.firstUp) })
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -286,7 +305,7 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 				return 0, errResyncMarker
 			}
 		} else {
-			s.apply(&rec)
+			s.applyMsg(msg, meta, &rec)
 		}
 		next = meta.Sequence.Stream + 1
 	}
@@ -472,7 +491,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 			continue
 		}
 		prev := rs.get(c.Key)
-		ev := &heraldv1.Event{Revision: rev, Namespace: ns, Name: name, ObservedUnixNano: rec.ObservedUnixNano}
+		ev := &heraldv1.Event{Revision: rev, Namespace: ns, Name: name, ObservedUnixNano: rec.ObservedUnixNano, Traceparent: s.traceparent}
 		var obj *kube.Object
 		switch c.Kind {
 		case heraldv1.Change_PUT:

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -191,7 +192,9 @@ func (h *hub) follow(ctx context.Context, shard int, after int64, out chan<- sha
 			return false
 		}
 	}
-	st, err := h.shards[shard].Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), AfterRevision: after, Follow: true})
+	// Wait for a ready connection: a replica may be restarting, and the
+	// stream is long-lived anyway.
+	st, err := h.shards[shard].Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), AfterRevision: after, Follow: true}, grpc.WaitForReady(true))
 	if err != nil {
 		send(shardBatch{shard: shard, err: err})
 		return
