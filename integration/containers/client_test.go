@@ -269,7 +269,7 @@ func expectedEvents(ctx context.Context, cli *clientv3.Client, from, to int64) (
 	for _, kv := range before.Kvs {
 		exists[string(kv.Key)] = true
 	}
-	changes, err := checker.EtcdHistory(ctx, cli, podPrefix, from+1, to)
+	changes, err := etcdHistory(ctx, cli, from+1, to)
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +287,27 @@ func expectedEvents(ctx context.Context, cli *clientv3.Client, from, to int64) (
 		out = append(out, checker.WatchEvent{Type: typ, Key: checker.KeyName(podPrefix, ch.Key), RV: ch.Rev})
 	}
 	return out, nil
+}
+
+// etcdHistory reads pod changes in [from, to] with checker.EtcdHistory,
+// asking again after the last change it got until a read comes back empty
+// or reaches to: EtcdHistory stops at the first watch response whose header
+// revision reaches to, and a watch catching up on old history sends it in
+// several responses, all with the current header revision.
+func etcdHistory(ctx context.Context, cli *clientv3.Client, from, to int64) ([]checker.Change, error) {
+	var out []checker.Change
+	for range 10000 {
+		part, err := checker.EtcdHistory(ctx, cli, podPrefix, from, to)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, part...)
+		if len(part) == 0 || part[len(part)-1].Rev >= to {
+			return out, nil
+		}
+		from = part[len(part)-1].Rev + 1
+	}
+	return nil, fmt.Errorf("etcd history (%d, %d]: no end", from, to)
 }
 
 // streamOf turns watch events back into changes (without values), so that
