@@ -16,18 +16,19 @@ import (
 // balancing calls round-robin over them. target is a gRPC target: host:port,
 // dns:///name:port (a headless Service: one address per replica) or
 // static:///a:port,b:port (a fixed list, for local stacks). creds nil means
-// plaintext.
-func DialCache(target string, creds credentials.TransportCredentials, maxRecv int) (*grpc.ClientConn, error) {
+// plaintext. opts are added to the connection's (e.g. tracing from
+// Telemetry.GRPCDialOptions).
+func DialCache(target string, creds credentials.TransportCredentials, maxRecv int, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(target,
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithResolvers(staticBuilder{}),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecv)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cache client for %s: %w", target, err)
 	}

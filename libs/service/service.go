@@ -65,7 +65,8 @@ func (c *LogConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Format, "log.format", "text", "Log format: text or json.")
 }
 
-// NewLogger builds the logger of a process named component.
+// NewLogger builds the logger of a process named component. Records logged
+// with a context that carries a span get its trace_id and span_id.
 func (c *LogConfig) NewLogger(w io.Writer, component string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.Level)); err != nil {
@@ -81,7 +82,7 @@ func (c *LogConfig) NewLogger(w io.Writer, component string) (*slog.Logger, erro
 	default:
 		return nil, fmt.Errorf("log.format %q: want text or json", c.Format)
 	}
-	return slog.New(h).With("component", component), nil
+	return slog.New(traceHandler{h}).With("component", component), nil
 }
 
 // Admin is a process's operational HTTP server.

@@ -369,8 +369,14 @@ type Event struct {
 	// Wall-clock time (Unix nanoseconds) ingest observed the change; 0 if
 	// unknown (synthetic events).
 	ObservedUnixNano int64 `protobuf:"varint,11,opt,name=observed_unix_nano,json=observedUnixNano,proto3" json:"observed_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// W3C trace context ("00-<trace id>-<span id>-<flags>") of the cache's
+	// span that applied this event, set only when the event is sampled for
+	// tracing; empty otherwise (and for synthetic events). Ingest carries the
+	// same context on the JetStream message header "traceparent", so one
+	// event is one trace across every hop. Never part of what clients see.
+	Traceparent   string `protobuf:"bytes,12,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -478,6 +484,13 @@ func (x *Event) GetObservedUnixNano() int64 {
 		return x.ObservedUnixNano
 	}
 	return 0
+}
+
+func (x *Event) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 type ListRequest struct {
@@ -872,7 +885,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03PUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x02\"\xcc\x05\n" +
+	"\x06DELETE\x10\x02\"\xee\x05\n" +
 	"\x05Event\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.herald.v1.EventTypeR\x04type\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
@@ -888,7 +901,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\vprev_fields\x18\n" +
 	" \x03(\v2 .herald.v1.Event.PrevFieldsEntryR\n" +
 	"prevFields\x12,\n" +
-	"\x12observed_unix_nano\x18\v \x01(\x03R\x10observedUnixNano\x1a9\n" +
+	"\x12observed_unix_nano\x18\v \x01(\x03R\x10observedUnixNano\x12 \n" +
+	"\vtraceparent\x18\f \x01(\tR\vtraceparent\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"herald.dev/libs/service"
 	"herald.dev/services/ingest/internal/ingest"
@@ -37,8 +38,13 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	tel, err := service.NewTelemetry(ctx, "ingest")
+	if err != nil {
+		return err
+	}
+	defer shutdownTelemetry(tel)
 	admin := service.NewAdmin()
-	in, err := ingest.New(cfg, log, admin.Registry)
+	in, err := ingest.New(cfg, log, admin.Registry, ingest.WithTracer(tel.Tracer("herald.dev/services/ingest")))
 	if err != nil {
 		return err
 	}
@@ -55,4 +61,11 @@ func run() error {
 	err = in.Run(ctx)
 	log.Info("ingest stopped")
 	return err
+}
+
+// shutdownTelemetry flushes the spans still buffered (bounded).
+func shutdownTelemetry(tel *service.Telemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tel.Shutdown(ctx)
 }

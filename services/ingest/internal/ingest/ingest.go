@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
@@ -76,6 +77,8 @@ type Ingest struct {
 	reg *kube.Registry
 	m   *metrics
 	id  string
+	// tracer: nil when tracing is off (see WithTracer).
+	tracer trace.Tracer
 
 	etcd   *clientv3.Client
 	nc     *nats.Conn
@@ -90,7 +93,7 @@ type Ingest struct {
 }
 
 // New validates cfg and creates a replica; Run connects and runs it.
-func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Ingest, error) {
+func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Option) (*Ingest, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -99,10 +102,14 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer) (*Ingest, 
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	return &Ingest{
+	i := &Ingest{
 		cfg: cfg, log: log, reg: reg, m: newMetrics(promReg),
 		id: host + "/" + strconv.Itoa(os.Getpid()),
-	}, nil
+	}
+	for _, o := range opts {
+		o(i)
+	}
+	return i, nil
 }
 
 // Ready reports whether the replica is connected and has its stream.
@@ -257,6 +264,11 @@ type publisher struct {
 var errFenced = errors.New("stream was appended to by another writer")
 
 func (p *publisher) publish(ctx context.Context, subject, msgID string, rec *heraldv1.Record) error {
+	return p.publishMsg(ctx, subject, msgID, rec, nil)
+}
+
+// publishMsg appends rec with the message headers hdr (trace context).
+func (p *publisher) publishMsg(ctx context.Context, subject, msgID string, rec *heraldv1.Record, hdr nats.Header) error {
 	if ch := p.i.pause.Load(); ch != nil {
 		// Frozen in the middle of an append (fault injection): like a
 		// process stopped by a long GC pause, it carries on with the append
@@ -272,7 +284,7 @@ func (p *publisher) publish(ctx context.Context, subject, msgID string, rec *her
 		return err
 	}
 	start := time.Now()
-	ack, err := p.i.js.Publish(ctx, subject, data,
+	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
 		jetstream.WithMsgID(msgID),
 		jetstream.WithExpectStream(p.i.cfg.Stream),
 		jetstream.WithExpectLastSequence(p.lastSeq),
@@ -448,15 +460,18 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 			}
 		}
 		parts := i.split(changes)
+		sctx, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, len(changes))
 		for n, part := range parts {
 			if rev == resumeRev && uint32(n) < skipParts {
 				continue
 			}
 			rec := &heraldv1.Record{Revision: rev, Changes: part, Part: uint32(n), Parts: uint32(len(parts)), ObservedUnixNano: now}
-			if err := p.publish(ctx, subject, strconv.FormatInt(rev, 10)+"."+strconv.Itoa(n), rec); err != nil {
+			if err := p.publishMsg(sctx, subject, strconv.FormatInt(rev, 10)+"."+strconv.Itoa(n), rec, hdr); err != nil {
+				spanDone(err)
 				return err
 			}
 		}
+		spanDone(nil)
 		start = end
 	}
 	return nil
