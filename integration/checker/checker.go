@@ -43,6 +43,9 @@ func EtcdHistory(ctx context.Context, cli *clientv3.Client, prefix string, from,
 	}
 	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
 	cli.RequestProgress(ctx)
+	// A response's header carries etcd's current revision, not the
+	// revision its events reached: only the events themselves, or a progress
+	// notification (sent once the watch has caught up), say how far it got.
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			return nil, err
@@ -53,10 +56,14 @@ func EtcdHistory(ctx context.Context, cli *clientv3.Client, prefix string, from,
 			}
 			out = append(out, Change{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete, Value: string(ev.Kv.Value)})
 		}
-		if resp.Header.Revision >= to && (resp.IsProgressNotify() || len(resp.Events) > 0) {
+		// etcd never splits a revision across responses.
+		if n := len(resp.Events); n > 0 && resp.Events[n-1].Kv.ModRevision >= to {
 			return out, nil
 		}
 		if resp.IsProgressNotify() {
+			if resp.Header.Revision >= to {
+				return out, nil
+			}
 			cli.RequestProgress(ctx)
 		}
 	}

@@ -56,7 +56,7 @@ func ParseShardMap(s string, reg *Registry) (*ShardMap, error) {
 			}
 			e.resource = res
 			if hasParts {
-				p, err := parsePartitions(parts)
+				p, err := ParsePartitions(parts)
 				if err != nil {
 					return nil, fmt.Errorf("shard map entry %q: %w", item, err)
 				}
@@ -93,7 +93,9 @@ func (m *ShardMap) wildcard() string {
 	return ""
 }
 
-func parsePartitions(s string) ([]bool, error) {
+// ParsePartitions parses a partition list such as "0-7" or "0,3,5-6" into
+// a set indexed by partition.
+func ParsePartitions(s string) ([]bool, error) {
 	out := make([]bool, Partitions)
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")

@@ -25,7 +25,7 @@ func DialCache(target string, creds credentials.TransportCredentials, maxRecv in
 	conn, err := grpc.NewClient(target, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithResolvers(staticBuilder{}),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultServiceConfig(cacheServiceConfig),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecv)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)...)
@@ -34,6 +34,24 @@ func DialCache(target string, creds credentials.TransportCredentials, maxRecv in
 	}
 	return conn, nil
 }
+
+// cacheServiceConfig balances round-robin over a shard's replicas and
+// retries calls that failed with UNAVAILABLE (a replica that just died or is
+// still loading) on another replica: every Cache call is a read, so a retry
+// is always safe. Streams are retried only before their first message.
+const cacheServiceConfig = `{
+  "loadBalancingConfig": [{"round_robin": {}}],
+  "methodConfig": [{
+    "name": [{"service": "herald.v1.Cache"}],
+    "retryPolicy": {
+      "maxAttempts": 4,
+      "initialBackoff": "0.05s",
+      "maxBackoff": "0.5s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+}`
 
 // staticBuilder resolves static:///a,b,c to those addresses once.
 type staticBuilder struct{}

@@ -41,7 +41,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats.url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated.")
 	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
 	fs.StringVar(&c.Resources, "shard.resources", "", "Comma-separated resource IDs this shard owns (e.g. pods,deployments.apps); empty for all.")
-	fs.StringVar(&c.Partitions, "shard.partitions", "", fmt.Sprintf("Comma-separated namespace partitions (0-%d) of the owned resources; empty for all.", kube.Partitions-1))
+	fs.StringVar(&c.Partitions, "shard.partitions", "", fmt.Sprintf("Namespace partitions (0-%d) of the owned resources, e.g. 0-7 or 0,2,4-5; empty for all.", kube.Partitions-1))
 	fs.StringVar(&c.WindowSizes, "watch-cache-sizes", "", "Per-resource window sizes in kube-apiserver's format, e.g. pods#1000,nodes#500.")
 	fs.IntVar(&c.DefaultWindowSize, "default-watch-cache-size", 1000, "Window size (events) of resources not named in watch-cache-sizes.")
 	fs.DurationVar(&c.WaitTimeout, "wait-timeout", 3*time.Second, "How long a read waits for the shard to reach a requested or etcd's current revision.")
@@ -87,13 +87,15 @@ func (c *Config) partitionSet() (map[int]bool, error) {
 	if strings.TrimSpace(c.Partitions) == "" {
 		return nil, nil
 	}
+	set, err := kube.ParsePartitions(c.Partitions)
+	if err != nil {
+		return nil, fmt.Errorf("shard.partitions: %w", err)
+	}
 	out := map[int]bool{}
-	for _, p := range strings.Split(c.Partitions, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil || n < 0 || n >= kube.Partitions {
-			return nil, fmt.Errorf("shard.partitions: %q is not a partition (0-%d)", p, kube.Partitions-1)
+	for p, owned := range set {
+		if owned {
+			out[p] = true
 		}
-		out[n] = true
 	}
 	return out, nil
 }
