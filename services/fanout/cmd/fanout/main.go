@@ -44,6 +44,11 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	tel, err := service.NewTelemetry(ctx, "fanout")
+	if err != nil {
+		return err
+	}
+	defer shutdownTelemetry(tel)
 	admin := service.NewAdmin()
 	srvCtx, cancelHubs := context.WithCancel(context.Background())
 	defer cancelHubs()
@@ -54,14 +59,14 @@ func run() error {
 		}
 	}()
 	dial := func(target string) (heraldv1.CacheClient, error) {
-		conn, err := service.DialCache(target, nil, 64<<20)
+		conn, err := service.DialCache(target, nil, 64<<20, tel.GRPCDialOptions()...)
 		if err != nil {
 			return nil, err
 		}
 		conns = append(conns, conn)
 		return heraldv1.NewCacheClient(conn), nil
 	}
-	handler, err := fanout.NewServer(srvCtx, cfg, log, dial, admin.Registry)
+	handler, err := fanout.NewServer(srvCtx, cfg, log, dial, admin.Registry, fanout.WithTracer(tel.Tracer("herald.dev/services/fanout")))
 	if err != nil {
 		return err
 	}
@@ -95,4 +100,11 @@ func run() error {
 	}
 	log.Info("fanout stopped")
 	return nil
+}
+
+// shutdownTelemetry flushes the spans still buffered (bounded).
+func shutdownTelemetry(tel *service.Telemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tel.Shutdown(ctx)
 }

@@ -17,6 +17,11 @@ import (
 type item struct {
 	ev    *heraldv1.Event
 	lines [4]atomic.Pointer[[]byte] // by kube.Transition-1
+
+	// tp: the fanout.dispatch span's traceparent when the event is sampled
+	// (set before dispatch); traced: a stream has written its trace line.
+	tp     string
+	traced atomic.Bool
 }
 
 func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,6 +33,7 @@ import (
 type hub struct {
 	res    *kube.Resource
 	shards []heraldv1.CacheClient
+	tracer trace.Tracer // nil: tracing off
 	log    *slog.Logger
 	m      *metrics
 	size   int
@@ -174,7 +176,7 @@ func (h *hub) flush(pending [][]*heraldv1.Event, through []int64) {
 		if ev.Revision <= h.ringStart || ev.Revision < h.head.Load() {
 			continue // before the merged start, or already dispatched
 		}
-		h.dispatch(newItem(ev))
+		h.dispatchTraced(newItem(ev))
 	}
 	if safe > h.head.Load() {
 		h.head.Store(safe)
@@ -254,8 +256,8 @@ func (h *hub) reset() {
 }
 
 // dispatch appends it to the ring and hands it to every watcher it
-// concerns. Called with mu held.
-func (h *hub) dispatch(it *item) {
+// concerns, and returns how many it was queued to. Called with mu held.
+func (h *hub) dispatch(it *item) (queued int) {
 	if len(h.ring) >= h.size {
 		h.ringStart = h.ring[0].ev.Revision
 		h.ring[0] = nil
@@ -274,8 +276,11 @@ func (h *hub) dispatch(it *item) {
 		}
 		if !w.enqueue(it, t) {
 			delete(h.watchers, w)
+			continue
 		}
+		queued++
 	}
+	return queued
 }
 
 // join registers w for every event after rev. If the ring covers rev it

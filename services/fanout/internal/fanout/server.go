@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -73,6 +74,7 @@ type Server struct {
 	caches map[string]heraldv1.CacheClient // by shard target
 	m      *metrics
 	ctx    context.Context
+	tracer trace.Tracer // nil: tracing off
 
 	mu       sync.Mutex
 	hubs     map[string]*hub
@@ -81,7 +83,7 @@ type Server struct {
 
 // NewServer creates a replica serving watches from the cache shards of
 // shards; dial connects to one shard's target. Hubs live until ctx ends.
-func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(target string) (heraldv1.CacheClient, error), promReg prometheus.Registerer) (*Server, error) {
+func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(target string) (heraldv1.CacheClient, error), promReg prometheus.Registerer, opts ...Option) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -100,6 +102,10 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 			return nil, err
 		}
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	promReg.MustRegister(replicaCollector{s})
 	return s, nil
 }
 
@@ -122,6 +128,7 @@ func (s *Server) hub(r *kube.Resource) *hub {
 	h, ok := s.hubs[r.ID()]
 	if !ok {
 		h = newHub(r, s.clients(r, ""), s.cfg.RingSize, s.log, s.m)
+		h.tracer = s.tracer
 		s.hubs[r.ID()] = h
 		go h.run(s.ctx)
 	}
@@ -237,6 +244,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer gz.Close()
 		st.gz = gz
 	}
+	st.traceLines = s.tracer != nil && st.gz == nil && r.Header.Get(TraceLinesHeader) == "1"
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 
@@ -469,6 +477,9 @@ type stream struct {
 	m         *metrics
 	last      int64
 	err       error
+
+	// traceLines: write trace lines for frontdoor (see TraceLinesHeader).
+	traceLines bool
 }
 
 func (st *stream) raw(b []byte) {
@@ -489,6 +500,9 @@ func (st *stream) event(it *item, t kube.Transition) {
 		st.tableCols = true
 	} else {
 		b = it.line(t)
+	}
+	if tl := st.traceLine(it); tl != nil {
+		st.raw(tl)
 	}
 	st.raw(b)
 	if st.err != nil {

@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -49,6 +51,11 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	tel, err := service.NewTelemetry(ctx, "frontdoor")
+	if err != nil {
+		return err
+	}
+	defer shutdownTelemetry(tel)
 	admin := service.NewAdmin()
 	creds := insecure.NewCredentials()
 	if cfg.CacheTLS.Enabled() {
@@ -68,14 +75,15 @@ func run() error {
 	}
 	clients := map[string]heraldv1.CacheClient{}
 	for _, target := range shards.Targets() {
-		conn, err := service.DialCache(target, creds, cfg.MaxListResponse)
+		conn, err := service.DialCache(target, creds, cfg.MaxListResponse, tel.GRPCDialOptions()...)
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
 		clients[target] = heraldv1.NewCacheClient(conn)
 	}
-	handler, err := frontdoor.NewServer(cfg, log, frontdoor.NewShardedCache(reg, shards, clients), admin.Registry, admin.Registry)
+	handler, err := frontdoor.NewServer(cfg, log, frontdoor.NewShardedCache(reg, shards, clients), admin.Registry, admin.Registry,
+		frontdoor.WithTracer(tel.Tracer("herald.dev/services/frontdoor")))
 	if err != nil {
 		return err
 	}
@@ -91,6 +99,15 @@ func run() error {
 	srvCtx, cancelRequests := context.WithCancel(context.Background())
 	defer cancelRequests()
 	srv := handler.HTTPServer(srvCtx)
+	if tel.Enabled {
+		// One span per request (LIST, GET, WATCH), whose context the cache
+		// calls carry in gRPC metadata. A public endpoint: a client's
+		// trace context is linked, never trusted as the parent (it could
+		// force sampling).
+		srv.Handler = otelhttp.NewHandler(srv.Handler, "frontdoor",
+			otelhttp.WithTracerProvider(tel.TracerProvider), otelhttp.WithPropagators(tel.Propagator),
+			otelhttp.WithPublicEndpointFn(func(*http.Request) bool { return true }), otelhttp.WithSpanNameFormatter(frontdoor.RequestSpanName))
+	}
 	go func() {
 		<-ctx.Done()
 		cancelRequests() // end watches; clients resume elsewhere
@@ -104,4 +121,11 @@ func run() error {
 	}
 	log.Info("frontdoor stopped")
 	return nil
+}
+
+// shutdownTelemetry flushes the spans still buffered (bounded).
+func shutdownTelemetry(tel *service.Telemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tel.Shutdown(ctx)
 }

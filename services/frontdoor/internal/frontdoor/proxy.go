@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"herald.dev/libs/kube"
 )
@@ -47,6 +48,7 @@ type fanoutPool struct {
 	next     atomic.Uint64
 	downFor  time.Duration
 	retries  func(host string)
+	tracer   trace.Tracer // nil: tracing off
 }
 
 // backend is one fanout replica.
@@ -106,6 +108,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 				pr.Out.URL.RawQuery = pr.In.URL.Query().Encode()
 				at := pr.In.Context().Value(attemptKey{}).(*attempt)
 				setIdentity(pr.Out.Header, at.user)
+				p.rewriteTrace(pr)
 			},
 			ModifyResponse: func(resp *http.Response) error {
 				at := resp.Request.Context().Value(attemptKey{}).(*attempt)
@@ -113,6 +116,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 					resp.Body.Close()
 					return errReplicaUnavailable
 				}
+				p.traceResponse(resp)
 				return nil
 			},
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

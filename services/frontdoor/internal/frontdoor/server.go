@@ -44,6 +44,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,6 +91,7 @@ type Server struct {
 	rbac     *reloadable[policy] // nil: no manifests, only system:masters
 	cert     *reloadable[tls.Certificate]
 	cache    heraldv1.CacheClient
+	tracer   trace.Tracer // nil: tracing off
 	disc     *discovery
 	m        *metrics
 	fanout   *fanoutPool
@@ -102,7 +104,7 @@ type Server struct {
 
 // NewServer builds the handler and loads every file it depends on; gather
 // (may be nil) serves /metrics on the public port to authorized users.
-func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer, gather prometheus.Gatherer) (*Server, error) {
+func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer, gather prometheus.Gatherer, opts ...Option) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -164,6 +166,10 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if s.fanout, err = newFanoutPool(cfg, log, m); err != nil {
 		return nil, err
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.fanout.tracer = s.tracer
 	if gather != nil {
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
 	}

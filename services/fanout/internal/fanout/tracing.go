@@ -1,0 +1,104 @@
+package fanout
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"herald.dev/libs/service"
+)
+
+// Option configures a Server beyond its Config.
+type Option func(*Server)
+
+// WithTracer traces the dispatch of every sampled event: one
+// "fanout.dispatch" span per event and hub, child of the cache's span (the
+// Event's traceparent), with the number of watchers it was queued to as an
+// attribute — never a span per watcher. nil: no tracing.
+func WithTracer(t trace.Tracer) Option { return func(s *Server) { s.tracer = t } }
+
+// TraceLinesHeader is the request header with which a frontdoor asks for
+// trace lines on the internal hop: before the first delivery of a sampled
+// event, the stream carries one line "#herald:traceparent=<W3C
+// traceparent>\n" naming the fanout.dispatch span. Frontdoor removes these
+// lines (a JSON watch line never starts with '#') and records its own span
+// as a child, so the client's wire format does not change. Streams that are
+// gzipped never carry them.
+const TraceLinesHeader = "X-Herald-Trace-Lines"
+
+// TraceLinePrefix starts a trace line.
+const TraceLinePrefix = "#herald:traceparent="
+
+// dispatchTraced dispatches it, inside a span when the event is sampled.
+// Called with the hub's mu held.
+func (h *hub) dispatchTraced(it *item) {
+	if h.tracer == nil || it.ev.Traceparent == "" {
+		h.dispatch(it)
+		return
+	}
+	ctx := service.ContextWithTraceparent(context.Background(), it.ev.Traceparent)
+	ctx, span := h.tracer.Start(ctx, "fanout.dispatch", trace.WithAttributes(
+		attribute.String("herald.resource", h.res.ID()),
+		attribute.Int64("herald.revision", it.ev.Revision),
+		attribute.String("herald.event_type", it.ev.Type.String()),
+	))
+	// Set before any watcher can see the item (the queue send orders it).
+	it.tp = service.Traceparent(ctx)
+	n := h.dispatch(it)
+	span.SetAttributes(attribute.Int("herald.watchers.queued", n), attribute.Int("herald.watchers", len(h.watchers)))
+	span.End()
+}
+
+// traceLine returns the trace line to write before it on a stream that
+// asked for them: only for a sampled event, and only on the first such
+// stream that writes it (one frontdoor span per event and fanout replica,
+// not one per watcher).
+func (st *stream) traceLine(it *item) []byte {
+	if !st.traceLines || it.tp == "" || !it.traced.CompareAndSwap(false, true) {
+		return nil
+	}
+	return []byte(TraceLinePrefix + it.tp + "\n")
+}
+
+// replicaCollector reports, at scrape time, each hub's revision (the fanout
+// hop's position: compare with the cache's apiserver_watch_cache_resource_version)
+// and the events queued to watchers and not yet written.
+type replicaCollector struct{ s *Server }
+
+var (
+	hubRevisionDesc = prometheus.NewDesc("herald_fanout_hub_revision",
+		"The revision up to which the replica has dispatched the resource's events (its hub's head).", []string{"resource"}, nil)
+	hubWatchersDesc = prometheus.NewDesc("herald_fanout_hub_watchers",
+		"Watchers registered on the resource's hub (joined the shared stream).", []string{"resource"}, nil)
+	queueDepthDesc = prometheus.NewDesc("herald_fanout_watch_queue_events",
+		"Events queued to watchers and not yet written, summed over the resource's watchers.", []string{"resource"}, nil)
+)
+
+func (c replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- hubRevisionDesc
+	ch <- hubWatchersDesc
+	ch <- queueDepthDesc
+}
+
+func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.mu.Lock()
+	hubs := make([]*hub, 0, len(c.s.hubs))
+	for _, h := range c.s.hubs {
+		hubs = append(hubs, h)
+	}
+	c.s.mu.Unlock()
+	for _, h := range hubs {
+		id := h.res.ID()
+		h.mu.Lock()
+		n, depth := len(h.watchers), 0
+		for w := range h.watchers {
+			depth += len(w.q)
+		}
+		h.mu.Unlock()
+		ch <- prometheus.MustNewConstMetric(hubRevisionDesc, prometheus.GaugeValue, float64(h.head.Load()), id)
+		ch <- prometheus.MustNewConstMetric(hubWatchersDesc, prometheus.GaugeValue, float64(n), id)
+		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(depth), id)
+	}
+}
