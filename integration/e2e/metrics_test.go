@@ -136,6 +136,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		{cache, "herald_cache_jetstream_consumer_pending_messages", "", 0},
 		{cache, "herald_cache_revision_lag", "", 0},
 		{cache, "herald_cache_watch_queue_events", "", 0},
+		{cache, "herald_cache_ready", "", 1},
 		{cache, "herald_cache_watch_streams", pods, 1}, // the fanout's one upstream for pods
 		{fanout, "herald_fanout_watchers", "", M},
 		{fanout, "herald_fanout_hub_watchers", pods, M},

@@ -35,6 +35,13 @@ func newObsMetrics(reg prometheus.Registerer, s *Shard) *obsMetrics {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_cache_watch_queue_events",
 		Help: "Revisions queued on following watch streams, not yet sent (sum over streams)."}, s.queuedRevisions)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_cache_ready",
+		Help: "1 while the shard is ready (snapshot loaded, following the stream): what /readyz reports."}, func() float64 {
+		if s.Ready() != nil {
+			return 0
+		}
+		return 1
+	})
 	return &obsMetrics{
 		pending: f.NewGauge(prometheus.GaugeOpts{Name: "herald_cache_jetstream_consumer_pending_messages",
 			Help: "Stream messages of the shard's subjects not yet delivered to it (JetStream consumer lag, as of the last message consumed)."}),
