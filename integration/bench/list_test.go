@@ -80,7 +80,7 @@ func BenchmarkList(b *testing.B) {
 	defer conn.Close()
 	cache := heraldv1.NewCacheClient(conn)
 	httpc := s.HTTPClient()
-	b.Logf("machine: %d CPUs, %s/%s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	fmt.Printf("machine: %d CPUs, %s/%s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 
 	heap0 := heapInuse(b, s.Proc("cache-0"))
 	loaded := 0
@@ -106,7 +106,7 @@ func BenchmarkList(b *testing.B) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		heap := heapInuse(b, s.Proc("cache-0"))
-		b.Logf("%d pods: cache heap in use %.1f MiB, %.1f MiB per 10k pods", n, float64(heap)/(1<<20), float64(heap-heap0)/(1<<20)/float64(n/10_000))
+		fmt.Printf("%d pods: cache heap in use %.1f MiB, %.1f MiB per 10k pods\n", n, float64(heap)/(1<<20), float64(heap-heap0)/(1<<20)/float64(n/10_000))
 
 		b.Run(fmt.Sprintf("pods=%d/etcd-range", n), func(b *testing.B) {
 			for b.Loop() {

@@ -43,7 +43,7 @@ type hub struct {
 	ring      []*item
 	ringStart int64
 	head      atomic.Int64
-	watchers  map[*watcher]struct{}
+	watchers  watcherIndex
 	// isSynced: ringStart and head are known (the upstreams started and
 	// have not lost continuity since).
 	isSynced bool
@@ -51,7 +51,7 @@ type hub struct {
 
 func newHub(res *kube.Resource, shards []heraldv1.CacheClient, size int, log *slog.Logger, m *metrics) *hub {
 	return &hub{res: res, shards: shards, size: size, log: log.With("resource", res.ID()), m: m,
-		synced: make(chan struct{}), watchers: map[*watcher]struct{}{}}
+		synced: make(chan struct{}), watchers: newWatcherIndex()}
 }
 
 // shardBatch is what one shard's stream delivered: its events (never
@@ -246,10 +246,8 @@ func (h *hub) resume(ctx context.Context, shard int, after int64, out chan<- sha
 func (h *hub) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for w := range h.watchers {
-		w.close(reasonUpstreamReset)
-	}
-	h.watchers = map[*watcher]struct{}{}
+	h.watchers.every(func(w *watcher) { w.close(reasonUpstreamReset) })
+	h.watchers = newWatcherIndex()
 	h.ring = nil
 	h.head.Store(0)
 	h.isSynced = false
@@ -266,19 +264,23 @@ func (h *hub) dispatch(it *item) (queued int) {
 	h.ring = append(h.ring, it)
 	h.head.Store(it.ev.Revision)
 	h.m.events.WithLabelValues(h.res.ID()).Inc()
-	for w := range h.watchers {
+	var closed []*watcher
+	h.watchers.each(it.ev, func(w *watcher) {
 		if it.ev.Revision <= w.after {
-			continue
+			return
 		}
 		t := it.transition(w.sel)
 		if t == kube.Skip {
-			continue
+			return
 		}
 		if !w.enqueue(it, t) {
-			delete(h.watchers, w)
-			continue
+			closed = append(closed, w)
+			return
 		}
 		queued++
+	})
+	for _, w := range closed {
+		h.watchers.remove(w)
 	}
 	return queued
 }
@@ -298,13 +300,13 @@ func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool)
 	for i, j := 0, len(backlog)-1; i < j; i, j = i+1, j-1 {
 		backlog[i], backlog[j] = backlog[j], backlog[i]
 	}
-	h.watchers[w] = struct{}{}
+	h.watchers.add(w)
 	return backlog, h.head.Load(), true
 }
 
 func (h *hub) leave(w *watcher) {
 	h.mu.Lock()
-	delete(h.watchers, w)
+	h.watchers.remove(w)
 	h.mu.Unlock()
 }
 

@@ -47,7 +47,7 @@ func (h *hub) dispatchTraced(it *item) {
 	// Set before any watcher can see the item (the queue send orders it).
 	it.tp = service.Traceparent(ctx)
 	n := h.dispatch(it)
-	span.SetAttributes(attribute.Int("herald.watchers.queued", n), attribute.Int("herald.watchers", len(h.watchers)))
+	span.SetAttributes(attribute.Int("herald.watchers.queued", n), attribute.Int("herald.watchers", h.watchers.n))
 	span.End()
 }
 
@@ -92,10 +92,10 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range hubs {
 		id := h.res.ID()
 		h.mu.Lock()
-		n, depth := len(h.watchers), 0
-		for w := range h.watchers {
+		n, depth := h.watchers.n, 0
+		h.watchers.every(func(w *watcher) {
 			depth += len(w.q)
-		}
+		})
 		h.mu.Unlock()
 		ch <- prometheus.MustNewConstMetric(hubRevisionDesc, prometheus.GaugeValue, float64(h.head.Load()), id)
 		ch <- prometheus.MustNewConstMetric(hubWatchersDesc, prometheus.GaugeValue, float64(n), id)

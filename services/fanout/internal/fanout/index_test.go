@@ -1,0 +1,121 @@
+package fanout
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+func podsResource(t testing.TB) *kube.Resource {
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := reg.ByID("pods")
+	return r
+}
+
+func TestWatcherIndex(t *testing.T) {
+	pods := podsResource(t)
+	mk := func(name, ns, fieldSel string) *watcher {
+		sel, err := kube.ParseSelector(pods, ns, "", fieldSel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := newWatcher(sel, 1, 1)
+		w.reason = name // a label for the test
+		return w
+	}
+	x := newWatcherIndex()
+	ws := []*watcher{
+		mk("all", "", ""),
+		mk("all-labels", "", "status.phase=Running"),
+		mk("ns-a", "a", ""),
+		mk("ns-b", "b", ""),
+		mk("node-1", "", "spec.nodeName=n1"),
+		mk("node-2", "", "spec.nodeName=n2"),
+		mk("node-1-in-a", "a", "spec.nodeName=n1"),
+		mk("unscheduled", "", "spec.nodeName="),
+	}
+	for _, w := range ws {
+		x.add(w)
+	}
+	visit := func(ev *heraldv1.Event) string {
+		var got []string
+		x.each(ev, func(w *watcher) { got = append(got, w.reason) })
+		sort.Strings(got)
+		return fmt.Sprint(got)
+	}
+	cases := []struct {
+		ev   *heraldv1.Event
+		want string
+	}{
+		{&heraldv1.Event{Namespace: "a", Fields: map[string]string{"spec.nodeName": "n1"}}, "[all all-labels node-1 node-1-in-a ns-a]"},
+		{&heraldv1.Event{Namespace: "b", Fields: map[string]string{"spec.nodeName": "n2"}, PrevFields: map[string]string{"spec.nodeName": "n1"}},
+			"[all all-labels node-1 node-1-in-a node-2 ns-b]"},
+		{&heraldv1.Event{Namespace: "c", Fields: map[string]string{"spec.nodeName": ""}}, "[all all-labels unscheduled]"},
+		{&heraldv1.Event{Namespace: "c"}, "[all all-labels]"},
+	}
+	for _, c := range cases {
+		if got := visit(c.ev); got != c.want {
+			t.Errorf("event %v visits %s, want %s", c.ev, got, c.want)
+		}
+	}
+	for _, w := range ws {
+		x.remove(w)
+	}
+	if x.n != 0 || len(x.all) != 0 || len(x.byNS) != 0 || len(x.byNode) != 0 {
+		t.Fatalf("index not empty after removing everything: %+v", x)
+	}
+}
+
+// BenchmarkDispatchKubelets dispatches pod events to 5,000 kubelet-like
+// watchers, one node each: "indexed" selects with spec.nodeName (the index
+// finds the one watcher), "linear" selects the same pods with a label
+// selector (every watcher is tested, as kube-apiserver does for labels).
+func BenchmarkDispatchKubelets(b *testing.B) {
+	pods := podsResource(b)
+	const nodes = 5000
+	for _, mode := range []string{"indexed", "linear"} {
+		b.Run(mode, func(b *testing.B) {
+			h := newHub(pods, nil, 1024, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			ws := make([]*watcher, nodes)
+			for i := range nodes {
+				fs, ls := fmt.Sprintf("spec.nodeName=node-%d", i), ""
+				if mode == "linear" {
+					fs, ls = "", fmt.Sprintf("node=node-%d", i)
+				}
+				sel, err := kube.ParseSelector(pods, "", ls, fs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ws[i] = newWatcher(sel, 4, 1<<20)
+				h.watchers.add(ws[i])
+			}
+			obj := []byte(`{"kind":"Pod"}`)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				node := fmt.Sprintf("node-%d", i%nodes)
+				ev := &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: int64(i + 1), Namespace: "default", Name: "p", Object: obj,
+					Fields: map[string]string{"spec.nodeName": node}, PrevFields: map[string]string{"spec.nodeName": node},
+					Labels: map[string]string{"node": node}, PrevLabels: map[string]string{"node": node}}
+				h.mu.Lock()
+				if n := h.dispatch(newItem(ev)); n != 1 {
+					b.Fatalf("queued to %d watchers, want 1", n)
+				}
+				h.mu.Unlock()
+				w := ws[i%nodes]
+				q := <-w.q
+				w.dequeued(q)
+			}
+		})
+	}
+}
