@@ -1,0 +1,397 @@
+// Command herald-load is the whole-stack load benchmark of `make bench`: it
+// runs the same watch workloads against Herald and, as the baseline,
+// kube-apiserver, and writes docs/benchmarks.md. See package loadgen.
+//
+// Each system's etcd (and NATS) runs in a child process of this one
+// (`herald-load host`), so that the load client's CPU and the servers' CPU
+// are separate processes.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"herald.dev/integration/loadgen"
+	"herald.dev/integration/stack"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "host" {
+		fs := flag.NewFlagSet("host", flag.ExitOnError)
+		mode := fs.String("mode", "herald", "herald or etcd")
+		dir := fs.String("dir", "", "State directory.")
+		bin := fs.String("bin-dir", "", "Herald service binaries.")
+		tokens := fs.String("tokens", "", "Token file for frontdoor.")
+		fs.Parse(os.Args[2:])
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "herald-load host:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var o options
+	flag.StringVar(&o.kube, "kube-apiserver", "", "kube-apiserver binary for the baseline (empty: baseline not measured).")
+	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
+	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "Report file.")
+	flag.StringVar(&o.dir, "dir", "", "Work directory for state, logs and profiles (empty: a temporary one, removed afterwards).")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Writes per workload.")
+	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: all).")
+	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
+	flag.Parse()
+	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "herald-load:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kube, binDir, out, dir, only, systems, command string
+	duration                                       time.Duration
+}
+
+const (
+	numPods     = 5000
+	numUsers    = 10 // broadcast watchers' users
+	numKubelets = 5000
+)
+
+func run(o options) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	workloads := []loadgen.Workload{
+		{Name: "broadcast-1000x100", Watchers: 1000, WritesPerSec: 100, Duration: o.duration},
+		{Name: "broadcast-1000x200", Watchers: 1000, WritesPerSec: 200, Duration: o.duration},
+		{Name: "kubelet-5000x200", Watchers: numKubelets, Kubelet: true, WritesPerSec: 200, Duration: o.duration},
+	}
+	if o.only != "" {
+		var keep []loadgen.Workload
+		for _, w := range workloads {
+			if strings.Contains(","+o.only+",", ","+w.Name+",") {
+				keep = append(keep, w)
+			}
+		}
+		workloads = keep
+	}
+	rp := &loadgen.Report{Machine: loadgen.Machine(), Command: o.command, Started: time.Now(), Workloads: workloads,
+		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{}}
+	if o.dir == "" {
+		d, err := os.MkdirTemp("", "herald-load")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		o.dir = d
+	}
+	o.dir, _ = filepath.Abs(o.dir)
+	if o.binDir == "" {
+		o.binDir = filepath.Join(o.dir, "bin")
+		log.Info("building Herald services", "into", o.binDir)
+		if err := stack.Build(o.binDir); err != nil {
+			return err
+		}
+	}
+	o.binDir, _ = filepath.Abs(o.binDir)
+
+	// One token per user, every user in system:masters; the first line is
+	// the admin (the stack's token file convention).
+	run := make([]byte, 6)
+	rand.Read(run)
+	prefix := hex.EncodeToString(run)
+	tokenFile := filepath.Join(o.dir, "tokens.csv")
+	var tf bytes.Buffer
+	admin := prefix + "-admin"
+	fmt.Fprintf(&tf, "%s,herald-admin,herald-admin,\"system:masters\"\n", admin)
+	for i := range numUsers {
+		fmt.Fprintf(&tf, "%s-controller-%d,controller-%d,controller-%d,\"system:masters\"\n", prefix, i, i, i)
+	}
+	for i := range numKubelets {
+		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
+	}
+	if err := os.WriteFile(tokenFile, tf.Bytes(), 0o600); err != nil {
+		return err
+	}
+	token := func(w loadgen.Workload) func(int) string {
+		if w.Kubelet {
+			return func(i int) string { return fmt.Sprintf("%s-node-%d", prefix, i) }
+		}
+		return func(i int) string { return fmt.Sprintf("%s-controller-%d", prefix, i%numUsers) }
+	}
+	pods := loadgen.NewPods(numPods, numKubelets)
+	pki, err := stack.EnsurePKI(filepath.Join(o.dir, "herald", "pki")) // the stack uses it too
+	if err != nil {
+		return err
+	}
+	httpc, err := loadgen.NewHTTPClient(pki.CAFile)
+	if err != nil {
+		return err
+	}
+	profDir := filepath.Join(o.dir, "profiles")
+	os.MkdirAll(profDir, 0o755)
+	want := func(s string) bool { return strings.Contains(","+o.systems+",", ","+s+",") }
+
+	// Herald.
+	if want("herald") {
+		err := func() error {
+			h, info, err := startHost(ctx, "herald", filepath.Join(o.dir, "herald"), o.binDir, tokenFile)
+			if err != nil {
+				return err
+			}
+			defer h.stop()
+			etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
+			if err != nil {
+				return err
+			}
+			defer etcd.Close()
+			if _, err := pods.Load(ctx, etcd); err != nil {
+				return err
+			}
+			t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, CAFile: info.CAFile, AdminToken: admin,
+				CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
+			for name, pid := range info.Procs {
+				t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
+			}
+			plain := &http.Client{}
+			for _, name := range []string{"fanout-0", "frontdoor-0"} {
+				t.Mem = append(t.Mem, loadgen.MemProc{Name: name, Pid: info.Procs[name], Heap: loadgen.HeapFromMetrics(plain, "http://"+info.Admins[name], "")})
+			}
+			t.OpenWatches = func(ctx context.Context) (float64, error) {
+				return loadgen.MetricSum(ctx, plain, "http://"+info.Admins["fanout-0"], "", "herald_fanout_watchers")
+			}
+			for _, w := range workloads {
+				t.Token = token(w)
+				t.Profile = func(ctx context.Context, d time.Duration) {
+					for _, name := range []string{"fanout-0", "frontdoor-0"} {
+						go profile(ctx, plain, "http://"+info.Admins[name], d, filepath.Join(profDir, w.Name+"-"+name+".pprof"))
+					}
+				}
+				t.IdleProfile = func(ctx context.Context) {
+					for _, name := range []string{"fanout-0", "frontdoor-0"} {
+						body, err := loadgen.Get(ctx, plain, "http://"+info.Admins[name]+"/debug/pprof/heap?gc=1", "")
+						if err == nil {
+							os.WriteFile(filepath.Join(profDir, w.Name+"-"+name+".heap"), body, 0o644)
+						}
+					}
+				}
+				r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
+				res, err := r.Run(ctx, w)
+				if res != nil {
+					log.Info(res.String())
+					rp.Herald[w.Name] = res
+				}
+				if err != nil {
+					log.Error("workload", "target", "Herald", "workload", w.Name, "err", err)
+				}
+				time.Sleep(3 * time.Second) // profiles finish, watchers are gone
+			}
+			return nil
+		}()
+		if err != nil {
+			return fmt.Errorf("herald: %w", err)
+		}
+	}
+
+	// kube-apiserver.
+	switch {
+	case !want("kube-apiserver"):
+		rp.KubeNote = "not requested (-systems)."
+	case o.kube == "":
+		rp.KubeNote = "no kube-apiserver binary given (-kube-apiserver)."
+	default:
+		err := func() error {
+			h, info, err := startHost(ctx, "etcd", filepath.Join(o.dir, "kube"), "", "")
+			if err != nil {
+				return err
+			}
+			defer h.stop()
+			etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
+			if err != nil {
+				return err
+			}
+			defer etcd.Close()
+			if _, err := pods.Load(ctx, etcd); err != nil {
+				return err
+			}
+			k, err := loadgen.StartKubeAPIServer(ctx, o.kube, filepath.Join(o.dir, "kube"), info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
+			if err != nil {
+				return err
+			}
+			defer k.Stop()
+			t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin,
+				CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
+				Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
+				OpenWatches: func(ctx context.Context) (float64, error) {
+					return loadgen.MetricSum(ctx, httpc, k.URL, admin, "apiserver_longrunning_requests", `resource="pods"`, `verb="WATCH"`)
+				}}
+			for _, w := range workloads {
+				t.Token = token(w)
+				r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
+				res, err := r.Run(ctx, w)
+				if res != nil {
+					log.Info(res.String())
+					rp.Kube[w.Name] = res
+				}
+				if err != nil {
+					log.Error("workload", "target", "kube-apiserver", "workload", w.Name, "err", err)
+				}
+				time.Sleep(3 * time.Second)
+			}
+			return nil
+		}()
+		if err != nil {
+			rp.KubeNote = err.Error()
+			log.Error("kube-apiserver baseline", "err", err)
+		}
+	}
+
+	rp.Notes = targets(rp)
+	for _, w := range workloads {
+		for _, name := range []string{"fanout-0", "frontdoor-0"} {
+			f := filepath.Join(profDir, w.Name+"-"+name+".pprof")
+			if _, err := os.Stat(f); err != nil {
+				continue
+			}
+			top, err := loadgen.PprofTop(f, 25)
+			if err != nil {
+				log.Warn("pprof", "err", err)
+				continue
+			}
+			rp.Profiles = append(rp.Profiles, fmt.Sprintf("### %s, %s: CPU during the writes\n\n```\n%s```", w.Name, name, trimPprof(top)))
+			if top, err := loadgen.PprofTop(strings.TrimSuffix(f, ".pprof")+".heap", 15, "-sample_index=inuse_space"); err == nil {
+				rp.Profiles = append(rp.Profiles, fmt.Sprintf("### %s, %s: heap in use with every watcher open and idle\n\n```\n%s```", w.Name, name, trimPprof(top)))
+			}
+		}
+	}
+	if old, err := os.ReadFile(o.out); err == nil {
+		rp.Analysis = loadgen.KeptAnalysis(old)
+	}
+	var buf bytes.Buffer
+	rp.Write(&buf)
+	if err := os.WriteFile(o.out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	log.Info("report written", "file", o.out)
+	return nil
+}
+
+// targets states, per workload measured on both systems, which of issue 6's
+// targets are met.
+func targets(rp *loadgen.Report) []string {
+	var out []string
+	for _, w := range rp.Workloads {
+		h, k := rp.Herald[w.Name], rp.Kube[w.Name]
+		if h != nil {
+			if heap, ok := h.HeapPerWatcher["fanout-0"]; ok {
+				out = append(out, fmt.Sprintf("%s: fanout heap per idle watcher %.1f KB (target <= 15 KB): %s.", w.Name, heap/1000, verdict(heap <= 15000)))
+			}
+		}
+		if h == nil || k == nil {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms (target: no worse): %s.", w.Name,
+			float64(h.P99)/1e6, float64(k.P99)/1e6, verdict(h.P99 <= k.P99)))
+		out = append(out, fmt.Sprintf("%s: CPU per 1,000 deliveries %.2f ms vs %.2f ms, ratio %.2f (target <= 0.5): %s.", w.Name,
+			h.CPUPer1000(), k.CPUPer1000(), h.CPUPer1000()/k.CPUPer1000(), verdict(h.CPUPer1000() <= k.CPUPer1000()/2)))
+	}
+	return out
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+func trimPprof(s string) string {
+	// Drop pprof's header lines about the file and build.
+	var keep []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, "File:") || strings.HasPrefix(l, "Build ID:") || strings.HasPrefix(l, "Type:") || strings.HasPrefix(l, "Time:") {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	return strings.Join(keep, "\n")
+}
+
+// profile saves a CPU profile of d from a service's admin server.
+func profile(ctx context.Context, c *http.Client, admin string, d time.Duration, file string) {
+	body, err := loadgen.Get(ctx, c, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", admin, int(d.Seconds())), "")
+	if err == nil {
+		os.WriteFile(file, body, 0o644)
+	}
+}
+
+type host struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+}
+
+// startHost runs `herald-load host` (this binary) and reads its HostInfo.
+func startHost(ctx context.Context, mode, dir, binDir, tokens string) (*host, *loadgen.HostInfo, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	os.MkdirAll(dir, 0o755)
+	logf, err := os.Create(filepath.Join(dir, "host.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens)
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	h := &host{cmd: cmd, stdin: stdin}
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	if err != nil {
+		h.stop()
+		return nil, nil, fmt.Errorf("host %s did not start (see %s): %v", mode, logf.Name(), err)
+	}
+	var info loadgen.HostInfo
+	if err := json.Unmarshal(line, &info); err != nil {
+		h.stop()
+		return nil, nil, fmt.Errorf("host %s: %v: %s", mode, err, line)
+	}
+	go io.Copy(io.Discard, stdout)
+	return h, &info, nil
+}
+
+// stop closes the host's stdin (it stops its stack) and waits.
+func (h *host) stop() {
+	h.stdin.Close()
+	done := make(chan struct{})
+	go func() { h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		h.cmd.Process.Kill()
+		<-done
+	}
+}

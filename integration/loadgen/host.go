@@ -1,0 +1,121 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"herald.dev/integration/stack"
+)
+
+// HostInfo is what a host process reports once it is ready: one JSON line
+// on its standard output.
+type HostInfo struct {
+	EtcdEndpoint string `json:"etcd"`
+	// Pid of the host process itself: embedded etcd (and NATS for Herald).
+	Pid int `json:"pid"`
+	// Herald only.
+	FrontdoorURL string            `json:"frontdoor,omitempty"`
+	CAFile       string            `json:"caFile,omitempty"`
+	Procs        map[string]int    `json:"procs,omitempty"`  // service name -> pid
+	Admins       map[string]string `json:"admins,omitempty"` // service name -> admin address
+}
+
+// Host runs in its own process so that the CPU of the embedded etcd (and
+// NATS) is that process's CPU and nothing else's: mode "herald" starts the
+// whole stack (stack.Start: embedded etcd + NATS, every service a process),
+// mode "etcd" only an embedded etcd configured as the stack's, for
+// kube-apiserver. tokenFile, if set, is installed as the stack's token file
+// (its first line must be the admin). It prints a HostInfo line and runs
+// until stdin closes or ctx ends.
+func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Reader, stdout io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	info := HostInfo{Pid: os.Getpid()}
+	switch mode {
+	case "herald":
+		if tokenFile != "" {
+			b, err := os.ReadFile(tokenFile)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), b, 0o600); err != nil {
+				return err
+			}
+		}
+		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir})
+		if err != nil {
+			return err
+		}
+		defer s.Stop()
+		info.EtcdEndpoint, info.FrontdoorURL, info.CAFile = s.EtcdEndpoint, s.FrontdoorURL, s.PKI.CAFile
+		info.Procs, info.Admins = map[string]int{}, map[string]string{}
+		for _, p := range s.Procs() {
+			info.Procs[p.Name], info.Admins[p.Name] = p.Pid(), p.Admin
+		}
+	case "etcd":
+		e, endpoint, err := startEtcd(dir)
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		info.EtcdEndpoint = endpoint
+	default:
+		return fmt.Errorf("unknown host mode %q", mode)
+	}
+	b, _ := json.Marshal(info)
+	fmt.Fprintf(stdout, "%s\n", b)
+	done := make(chan struct{})
+	go func() { io.Copy(io.Discard, stdin); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// startEtcd starts an embedded etcd configured as stack's (same version,
+// same defaults, data on disk in dir).
+func startEtcd(dir string) (*embed.Etcd, string, error) {
+	cfg := embed.NewConfig()
+	cfg.Name = "herald-bench"
+	cfg.Dir = filepath.Join(dir, "etcd")
+	cu, _ := url.Parse("http://" + freeAddr())
+	pu, _ := url.Parse("http://" + freeAddr())
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	cfg.LogLevel = "error"
+	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
+	cfg.ListenMetricsUrls = nil
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		return e, cu.String(), nil
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return nil, "", errors.New("etcd did not become ready in 30s")
+	}
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

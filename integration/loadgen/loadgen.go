@@ -1,0 +1,220 @@
+// Package loadgen is Herald's load generator: it opens many watch streams
+// against a Kubernetes-style API (Herald's frontdoor or kube-apiserver),
+// writes pods into etcd at a fixed rate, and measures what the watchers
+// receive: delivery latency, deliveries per second, missing and duplicated
+// events, the CPU of the serving processes per 1,000 deliveries, and memory
+// per idle watcher.
+//
+// The client is kept cheap so that it does not starve the servers it shares
+// the machine with: one HTTP/2 transport multiplexes the streams, and an
+// event is never decoded as JSON; only its type, metadata.resourceVersion
+// and the write time the writer embedded in an annotation are picked out of
+// the line.
+//
+// Latency is the receive time minus the time taken just before the etcd Put,
+// so it includes etcd's commit. Every watcher starts at one known revision
+// and is checked afterwards against the writer's own record of which
+// revisions it should have seen.
+package loadgen
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// WrittenAtAnnotation holds the write time (Unix nanoseconds) of every pod
+// the writer puts.
+const WrittenAtAnnotation = "herald.dev/written-at"
+
+// Workload is one load shape.
+type Workload struct {
+	Name string
+	// Watchers is how many watch streams are open.
+	Watchers int
+	// Kubelet makes watcher i watch only pods with spec.nodeName=node-<i>
+	// (one user per node, as kubelets are); otherwise every watcher watches
+	// every pod cluster-wide (broadcast).
+	Kubelet bool
+	// WritesPerSec into etcd, for Duration.
+	WritesPerSec int
+	Duration     time.Duration
+}
+
+// Target is a system under test.
+type Target struct {
+	Name    string
+	BaseURL string
+	CAFile  string
+	// Token returns the bearer token watcher i uses.
+	Token func(i int) string
+	// AdminToken reads metrics and lists.
+	AdminToken string
+	// CPU lists the processes whose CPU is the target's: every server
+	// process, etcd included.
+	CPU []NamedPid
+	// Mem lists the processes whose memory per watcher is measured, with a
+	// function that returns their Go heap in use after a forced GC.
+	Mem []MemProc
+	// Profile, if set, is called when the writes start with the window's
+	// length and runs in the background (CPU profiles).
+	Profile func(ctx context.Context, d time.Duration)
+	// OpenWatches, if set, returns how many client watches the target still
+	// serves; a run waits for 0 before measuring memory.
+	OpenWatches func(ctx context.Context) (float64, error)
+	// IdleProfile, if set, is called with every watcher open and idle
+	// (heap profiles).
+	IdleProfile func(ctx context.Context)
+}
+
+// NamedPid is a process to account CPU for.
+type NamedPid struct {
+	Name string
+	Pid  int
+}
+
+// MemProc is a process to measure memory per watcher in.
+type MemProc struct {
+	Name string
+	Pid  int
+	Heap func(ctx context.Context) (uint64, error)
+}
+
+// NewHTTPClient is the load client's HTTP/2 client for a target: it trusts
+// caFile and opens as many connections as the server's stream limit needs.
+func NewHTTPClient(caFile string) (*http.Client, error) {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%s: no certificate", caFile)
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     &tls.Config{RootCAs: pool},
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 100,
+		DisableCompression:  true,
+	}
+	return &http.Client{Transport: tr}, nil
+}
+
+// Get does an authenticated GET and returns the body of a 200.
+func Get(ctx context.Context, c *http.Client, url, token string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, body)
+	}
+	return body, nil
+}
+
+// WaitListRV waits until a LIST of pods through the target reflects at
+// least revision rev.
+func WaitListRV(ctx context.Context, c *http.Client, t *Target, rev int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		body, err := Get(ctx, c, t.BaseURL+"/api/v1/pods?limit=1", t.AdminToken)
+		if err == nil {
+			var l struct {
+				Metadata struct {
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+			}
+			if err = json.Unmarshal(body, &l); err == nil {
+				got, _ := strconv.ParseInt(l.Metadata.ResourceVersion, 10, 64)
+				if got >= rev {
+					return nil
+				}
+				err = fmt.Errorf("list at revision %d, want %d", got, rev)
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s: pods not at revision %d after %s: %v", t.Name, rev, timeout, last)
+}
+
+// HeapFromMetrics returns a Heap function that forces a GC through
+// /debug/pprof/heap?gc=1 and reads go_memstats_heap_inuse_bytes from
+// /metrics, both under base.
+func HeapFromMetrics(c *http.Client, base, token string) func(ctx context.Context) (uint64, error) {
+	return func(ctx context.Context) (uint64, error) {
+		if _, err := Get(ctx, c, base+"/debug/pprof/heap?gc=1", token); err != nil {
+			return 0, err
+		}
+		body, err := Get(ctx, c, base+"/metrics", token)
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok {
+				v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+				return uint64(v), err
+			}
+		}
+		return 0, fmt.Errorf("%s/metrics: no go_memstats_heap_inuse_bytes", base)
+	}
+}
+
+// MetricSum fetches base+"/metrics" and sums the samples of metric whose
+// labels contain every one of match (e.g. `verb="WATCH"`).
+func MetricSum(ctx context.Context, c *http.Client, base, token, metric string, match ...string) (float64, error) {
+	body, err := Get(ctx, c, base+"/metrics", token)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	found := false
+lines:
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, metric)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		for _, m := range match {
+			if !strings.Contains(rest, m) {
+				continue lines
+			}
+		}
+		f := strings.Fields(rest)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %w", metric, line, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		return 0, fmt.Errorf("%s/metrics: no %s", base, metric)
+	}
+	return sum, nil
+}

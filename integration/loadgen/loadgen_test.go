@@ -1,0 +1,61 @@
+package loadgen
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestCompare(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		expected, got        []int64
+		missing, dup, unexpd int
+	}{
+		{"exact", []int64{1, 2, 3}, []int64{1, 2, 3}, 0, 0, 0},
+		{"nothing", []int64{1, 2, 3}, nil, 3, 0, 0},
+		{"gap", []int64{1, 2, 3, 4}, []int64{1, 4}, 2, 0, 0},
+		{"duplicate", []int64{1, 2}, []int64{1, 1, 2, 2, 2}, 0, 3, 0},
+		{"unexpected", []int64{2}, []int64{1, 2, 5}, 0, 0, 2},
+		{"reordered", []int64{1, 2, 3}, []int64{2, 1, 3}, 0, 0, 0},
+		{"all kinds", []int64{1, 3, 5}, []int64{0, 3, 3, 6}, 2, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, d, u := compare(tc.expected, tc.got)
+			if m != tc.missing || d != tc.dup || u != tc.unexpd {
+				t.Fatalf("compare = missing %d, dup %d, unexpected %d; want %d, %d, %d", m, d, u, tc.missing, tc.dup, tc.unexpd)
+			}
+		})
+	}
+}
+
+// The watcher picks type, resourceVersion and the write time out of real
+// event lines without decoding them.
+func TestWatcherEvent(t *testing.T) {
+	p := NewPods(3, 3)
+	at := time.Now().Add(-5 * time.Millisecond)
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(p.value(1, at)), &obj); err != nil {
+		t.Fatal(err)
+	}
+	obj["metadata"].(map[string]any)["resourceVersion"] = "42"
+	b, _ := json.Marshal(map[string]any{"type": "MODIFIED", "object": obj})
+	w := &watcher{node: -1}
+	if err := w.event(append(b, '\n'), at.Add(5*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.revs) != 1 || w.revs[0] != 42 || w.lat[0] != 5000 {
+		t.Fatalf("revs %v, latencies %v µs; want [42], [5000]", w.revs, w.lat)
+	}
+	if err := w.event([]byte(`{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"50"}}}`+"\n"), at); err != nil || len(w.revs) != 1 {
+		t.Fatalf("bookmark: %v, revs %v", err, w.revs)
+	}
+	err := w.event([]byte(`{"type":"ERROR","object":{"kind":"Status","code":410}}`+"\n"), at)
+	if err == nil || !strings.Contains(err.Error(), "410") {
+		t.Fatalf("ERROR event: %v", err)
+	}
+	if !strings.Contains(p.value(2, at), `"spec":{"containers"`) || p.Node(4) != "node-1" {
+		t.Fatalf("pod layout: %s, %s", p.value(2, at), p.Node(4))
+	}
+}

@@ -1,0 +1,131 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Pods is the fixed set of pods the writer changes: pod i lives in
+// namespace ns-<i%20>, on node node-<i%Nodes>. Each is about 1.2 KB of JSON,
+// a small real pod.
+type Pods struct {
+	N, Nodes int
+	keys     []string
+	// Each value is head + write time + tail; the time sits in the
+	// WrittenAtAnnotation.
+	head, tail []string
+}
+
+// NewPods lays out n pods over nodes nodes.
+func NewPods(n, nodes int) *Pods {
+	p := &Pods{N: n, Nodes: nodes, keys: make([]string, n), head: make([]string, n), tail: make([]string, n)}
+	const mark = "@@WRITTEN_AT@@"
+	for i := range n {
+		ns, name := fmt.Sprintf("ns-%d", i%20), fmt.Sprintf("pod-%05d", i)
+		b, _ := json.Marshal(map[string]any{
+			"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"name": name, "namespace": ns, "uid": fmt.Sprintf("6b1f1c1e-0000-4000-8000-%012d", i),
+				"creationTimestamp": "2026-01-01T00:00:00Z",
+				"labels":            map[string]string{"app": fmt.Sprintf("app-%d", i%50), "tier": "web", "pod-template-hash": "5d8f7c9b6"},
+				"annotations":       map[string]string{WrittenAtAnnotation: mark},
+				"ownerReferences": []map[string]any{{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": fmt.Sprintf("app-%d-5d8f7c9b6", i%50),
+					"uid": "0b7e2d8c-0000-4000-8000-000000000001", "controller": true, "blockOwnerDeletion": true}}},
+			"spec": map[string]any{"nodeName": p.Node(i), "schedulerName": "default-scheduler", "restartPolicy": "Always",
+				"containers": []map[string]any{{"name": "app", "image": "registry.example/app:1.2.3",
+					"ports":     []map[string]any{{"containerPort": 8080, "protocol": "TCP"}},
+					"resources": map[string]any{"requests": map[string]string{"cpu": "100m", "memory": "128Mi"}},
+					"env":       []map[string]string{{"name": "MODE", "value": "production"}}}}},
+			"status": map[string]any{"phase": "Running", "podIP": fmt.Sprintf("10.1.%d.%d", i>>8&255, i&255), "hostIP": "192.168.0.1",
+				"conditions":        []map[string]string{{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}},
+				"containerStatuses": []map[string]any{{"name": "app", "ready": true, "restartCount": 0, "image": "registry.example/app:1.2.3", "started": true}}},
+		})
+		p.keys[i] = "/registry/pods/" + ns + "/" + name
+		p.head[i], p.tail[i], _ = strings.Cut(string(b), mark)
+	}
+	return p
+}
+
+// Node is the spec.nodeName of pod i.
+func (p *Pods) Node(i int) string { return "node-" + strconv.Itoa(i%p.Nodes) }
+
+func (p *Pods) value(i int, at time.Time) string {
+	return p.head[i] + strconv.FormatInt(at.UnixNano(), 10) + p.tail[i]
+}
+
+// Load writes every pod once, 100 per transaction, and returns the revision
+// of the last write.
+func (p *Pods) Load(ctx context.Context, cli *clientv3.Client) (int64, error) {
+	var rev int64
+	for i := 0; i < p.N; i += 100 {
+		var ops []clientv3.Op
+		for j := i; j < min(i+100, p.N); j++ {
+			ops = append(ops, clientv3.OpPut(p.keys[j], p.value(j, time.Now())))
+		}
+		resp, err := cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return 0, err
+		}
+		rev = resp.Header.Revision
+	}
+	return rev, nil
+}
+
+// Write is one pod write: the revision etcd gave it and the pod.
+type Write struct {
+	Rev int64
+	Pod int32
+}
+
+// WriteFor puts pods into etcd at perSec writes per second for d, cycling
+// through the pods from first, and returns every write. Writes go out on a
+// few goroutines so that a slow commit does not delay the next slot; each
+// carries the time just before its Put.
+func (p *Pods) WriteFor(ctx context.Context, cli *clientv3.Client, perSec int, d time.Duration, first int) ([]Write, error) {
+	total := int(d.Seconds() * float64(perSec))
+	interval := time.Second / time.Duration(perSec)
+	start := time.Now()
+	var (
+		next   atomic.Int64
+		mu     sync.Mutex
+		writes = make([]Write, 0, total)
+		errs   []error
+		wg     sync.WaitGroup
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= total || ctx.Err() != nil {
+					return
+				}
+				if wait := time.Until(start.Add(time.Duration(k) * interval)); wait > 0 {
+					time.Sleep(wait)
+				}
+				pod := (first + k) % p.N
+				resp, err := cli.Put(ctx, p.keys[pod], p.value(pod, time.Now()))
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					writes = append(writes, Write{Rev: resp.Header.Revision, Pod: int32(pod)})
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return writes, fmt.Errorf("%d of %d writes failed, first: %w", len(errs), total, errs[0])
+	}
+	return writes, nil
+}

@@ -1,0 +1,298 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Result is what one workload measured on one target.
+type Result struct {
+	Target, Workload string
+	Watchers         int // streams that opened
+	OpenFailures     int
+	Ended            int    // streams that ended before the run did
+	FirstError       string `json:",omitempty"`
+	Writes           int
+	WriteTime        time.Duration // first write to the last write's answer
+	Window           time.Duration // first write to last delivery (or drain timeout)
+	Deliveries       int
+	Expected         int
+	Missing          int
+	Duplicates       int
+	Unexpected       int // events of revisions the writer did not make
+	P50, P99, Max    time.Duration
+	// CPU in milliseconds during Window, per process, and the sum of the
+	// target's processes.
+	CPU       map[string]float64
+	ServerCPU float64
+	ClientCPU float64 // this process: writer and watchers
+	// Memory growth per idle watcher, in bytes, per measured process: Go
+	// heap in use after GC, and RSS.
+	HeapPerWatcher map[string]float64
+	RSSPerWatcher  map[string]float64
+}
+
+// DeliveriesPerSec over the window.
+func (r *Result) DeliveriesPerSec() float64 {
+	if r.Window <= 0 {
+		return 0
+	}
+	return float64(r.Deliveries) / r.Window.Seconds()
+}
+
+// CPUPer1000 is the target's CPU milliseconds per 1,000 deliveries.
+func (r *Result) CPUPer1000() float64 {
+	if r.Deliveries == 0 {
+		return 0
+	}
+	return r.ServerCPU / float64(r.Deliveries) * 1000
+}
+
+// Runner runs workloads against one target over one etcd.
+type Runner struct {
+	Target *Target
+	HTTP   *http.Client
+	Etcd   *clientv3.Client
+	Pods   *Pods
+	Log    *slog.Logger
+	next   int // next pod to write
+}
+
+// Run runs one workload: open the watchers idle (memory), write for
+// w.Duration (latency, CPU), wait up to 15 s for the last events, close the
+// watchers and check what each received.
+func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
+	t := r.Target
+	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{},
+		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}}
+	cur, err := r.Etcd.Get(ctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, err
+	}
+	rev0 := cur.Header.Revision
+	if err := WaitListRV(ctx, r.HTTP, t, rev0, 60*time.Second); err != nil {
+		return nil, err
+	}
+	if t.OpenWatches != nil {
+		// The previous workload's watchers must be gone before memory is
+		// measured.
+		for wait := time.Now().Add(30 * time.Second); time.Now().Before(wait); time.Sleep(250 * time.Millisecond) {
+			if n, err := t.OpenWatches(ctx); err != nil || n == 0 {
+				if err != nil {
+					r.Log.Warn("open watches", "err", err)
+				}
+				break
+			}
+		}
+	}
+	heap0, rss0 := r.memory(ctx)
+
+	// Open the watchers, 64 at a time.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ws := make([]*watcher, w.Watchers)
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	deadline := time.Now().Add(2 * time.Minute)
+	openStart := time.Now()
+	for i := range ws {
+		ws[i] = &watcher{node: -1, done: make(chan struct{})}
+		if w.Kubelet {
+			ws[i].node = i
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			resp, err := ws[i].open(wctx, r.HTTP, t.BaseURL, t.Token(i), rev0, deadline)
+			<-sem
+			if err != nil {
+				mu.Lock()
+				res.OpenFailures++
+				if res.FirstError == "" {
+					res.FirstError = err.Error()
+				}
+				mu.Unlock()
+				ws[i].err, ws[i].openFailed = err, true
+				close(ws[i].done)
+				return
+			}
+			go ws[i].read(wctx, resp.Body)
+		}()
+	}
+	wg.Wait()
+	res.Watchers = w.Watchers - res.OpenFailures
+	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
+	time.Sleep(3 * time.Second) // let the servers settle
+	heap1, rss1 := r.memory(ctx)
+	if t.IdleProfile != nil {
+		t.IdleProfile(ctx)
+	}
+	for name, h := range heap1 {
+		res.HeapPerWatcher[name] = (float64(h) - float64(heap0[name])) / float64(max(res.Watchers, 1))
+		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / float64(max(res.Watchers, 1))
+	}
+
+	// Write, measuring CPU from the first write to the last delivery.
+	cpu0 := r.cpu()
+	start := time.Now()
+	if t.Profile != nil {
+		go t.Profile(ctx, w.Duration)
+	}
+	writes, werr := r.Pods.WriteFor(ctx, r.Etcd, w.WritesPerSec, w.Duration, r.next)
+	res.WriteTime = time.Since(start)
+	r.next += len(writes)
+	res.Writes = len(writes)
+	slices.SortFunc(writes, func(a, b Write) int { return int(a.Rev - b.Rev) })
+	byNode := map[int][]int64{}
+	var all []int64
+	for _, wr := range writes {
+		all = append(all, wr.Rev)
+		if w.Kubelet {
+			n := int(wr.Pod) % r.Pods.Nodes
+			byNode[n] = append(byNode[n], wr.Rev)
+		}
+	}
+	expect := func(x *watcher) []int64 {
+		if x.node < 0 {
+			return all
+		}
+		return byNode[x.node]
+	}
+	drainEnd := time.Now().Add(15 * time.Second)
+	for time.Now().Before(drainEnd) {
+		behind := 0
+		for _, x := range ws {
+			if e := expect(x); len(e) > 0 && x.last.Load() < e[len(e)-1] && !closed(x.done) {
+				behind++
+			}
+		}
+		if behind == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	end := time.Now()
+	var lastAt int64
+	for _, x := range ws {
+		lastAt = max(lastAt, x.lastAt.Load())
+	}
+	if lastAt > start.UnixNano() {
+		end = time.Unix(0, lastAt)
+	}
+	res.Window = end.Sub(start)
+	cpu1 := r.cpu()
+	for name, v := range cpu1 {
+		res.CPU[name] = v - cpu0[name]
+		if name != "client" {
+			res.ServerCPU += res.CPU[name]
+		}
+	}
+	res.ClientCPU = res.CPU["client"]
+	delete(res.CPU, "client")
+	cancel()
+	for _, x := range ws {
+		<-x.done
+	}
+
+	// Check every watcher against the writes it should have seen.
+	var lat []int32
+	for _, x := range ws {
+		if x.err != nil && !x.openFailed {
+			res.Ended++
+			if res.FirstError == "" {
+				res.FirstError = x.err.Error()
+			}
+		}
+		e := expect(x)
+		res.Expected += len(e)
+		res.Deliveries += len(x.revs)
+		miss, dup, unexp := compare(e, x.revs)
+		res.Missing += miss
+		res.Duplicates += dup
+		res.Unexpected += unexp
+		lat = append(lat, x.lat...)
+	}
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		us := func(v int32) time.Duration { return time.Duration(v) * time.Microsecond }
+		res.P50, res.P99, res.Max = us(lat[n/2]), us(lat[min(n*99/100, n-1)]), us(lat[n-1])
+	}
+	return res, werr
+}
+
+func closed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// compare counts, for one watcher, expected revisions it did not receive,
+// revisions it received more than once, and revisions nobody wrote.
+func compare(expected, got []int64) (missing, dup, unexpected int) {
+	g := slices.Clone(got)
+	slices.Sort(g)
+	i, j := 0, 0
+	for i < len(expected) || j < len(g) {
+		switch {
+		case j < len(g) && j > 0 && g[j] == g[j-1]:
+			dup++
+			j++
+		case j >= len(g) || i < len(expected) && expected[i] < g[j]:
+			missing++
+			i++
+		case i >= len(expected) || g[j] < expected[i]:
+			unexpected++
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return missing, dup, unexpected
+}
+
+func (r *Runner) cpu() map[string]float64 {
+	out := map[string]float64{}
+	for _, p := range r.Target.CPU {
+		v, err := CPUMillis(p.Pid)
+		if err != nil {
+			r.Log.Warn("cpu", "process", p.Name, "err", err)
+		}
+		out[p.Name] = v
+	}
+	out["client"], _ = CPUMillis(os.Getpid())
+	return out
+}
+
+func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
+	heap, rss = map[string]uint64{}, map[string]uint64{}
+	for _, m := range r.Target.Mem {
+		h, err := m.Heap(ctx)
+		if err != nil {
+			r.Log.Warn("heap", "process", m.Name, "err", err)
+		}
+		heap[m.Name] = h
+		rss[m.Name], _ = RSSBytes(m.Pid)
+	}
+	return heap, rss
+}
+
+// String is a one-line summary for logs.
+func (r *Result) String() string {
+	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended), %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
+		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
+		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU)
+}

@@ -1,0 +1,139 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"time"
+)
+
+// watcher is one watch stream and what it received. Only its own goroutine
+// writes revs and lat until done is closed.
+type watcher struct {
+	node int // -1: broadcast
+	revs []int64
+	lat  []int32 // microseconds, one per event of revs
+	last atomic.Int64
+	// lastAt is when the last event arrived (Unix nanoseconds).
+	lastAt     atomic.Int64
+	err        error // why the stream ended before it was cancelled
+	openFailed bool
+	done       chan struct{}
+}
+
+var (
+	keyType      = []byte(`"type":"`)
+	keyRV        = []byte(`"resourceVersion":"`)
+	keyWrittenAt = []byte(`"` + WrittenAtAnnotation + `":"`)
+)
+
+// open starts the watch and returns once the response headers arrived (the
+// server has registered the watcher), retrying 429s until deadline.
+func (w *watcher) open(ctx context.Context, c *http.Client, base, token string, rev int64, deadline time.Time) (*http.Response, error) {
+	q := url.Values{"watch": {"true"}, "resourceVersion": {fmt.Sprint(rev)}}
+	if w.node >= 0 {
+		q.Set("fieldSelector", fmt.Sprintf("spec.nodeName=node-%d", w.node))
+	}
+	u := base + "/api/v1/pods?" + q.Encode()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Accept", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode == http.StatusOK {
+			return resp, nil
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || time.Now().After(deadline) {
+			return nil, fmt.Errorf("watch: %s: %s", resp.Status, body)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// read consumes the stream until it ends or ctx is cancelled.
+func (w *watcher) read(ctx context.Context, body io.ReadCloser) {
+	defer close(w.done)
+	defer body.Close()
+	br := bufio.NewReaderSize(body, 4096)
+	var long []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			long = append(long[:0], line...)
+			for err == bufio.ErrBufferFull {
+				line, err = br.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			line = long
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				w.err = fmt.Errorf("stream ended: %w", err)
+				if errors.Is(err, io.EOF) {
+					w.err = errors.New("stream closed by the server")
+				}
+			}
+			return
+		}
+		now := time.Now()
+		if e := w.event(line, now); e != nil {
+			w.err = e
+			return
+		}
+	}
+}
+
+// event picks the type, resourceVersion and write time out of one line.
+func (w *watcher) event(line []byte, now time.Time) error {
+	i := bytes.Index(line, keyType)
+	if i < 0 || i+len(keyType) >= len(line) {
+		return fmt.Errorf("not a watch event: %.200s", line)
+	}
+	switch line[i+len(keyType)] {
+	case 'B':
+		return nil
+	case 'E':
+		return fmt.Errorf("ERROR event: %.300s", line)
+	}
+	rv := number(line, keyRV)
+	at := number(line, keyWrittenAt)
+	if rv <= 0 || at <= 0 {
+		return fmt.Errorf("event without resourceVersion or %s: %.200s", WrittenAtAnnotation, line)
+	}
+	w.revs = append(w.revs, rv)
+	w.lat = append(w.lat, int32(min((now.UnixNano()-at)/1000, 1<<31-1)))
+	w.last.Store(rv)
+	w.lastAt.Store(now.UnixNano())
+	return nil
+}
+
+// number parses the decimal string value that follows key.
+func number(line, key []byte) int64 {
+	i := bytes.Index(line, key)
+	if i < 0 {
+		return -1
+	}
+	var n int64
+	for _, c := range line[i+len(key):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}
