@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,9 +16,46 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"herald.dev/integration/checker"
+	"herald.dev/libs/kube"
 )
 
 const podPrefix = "/registry/pods/"
+
+// churnNamespaces are the writer's namespaces: two in partitions 0-7
+// (cache-a), two in 8-15 (cache-b), interleaved.
+var churnNamespaces = splitNamespaces(4)
+
+// splitNamespaces returns n namespaces "ns-<i>", half of them in partitions
+// 0-7 and half in 8-15, alternating.
+func splitNamespaces(n int) []string {
+	var lo, hi []string
+	for i := 0; len(lo) < n/2 || len(hi) < n/2; i++ {
+		ns := fmt.Sprintf("ns-%d", i)
+		if kube.Partition(ns) < 8 {
+			lo = append(lo, ns)
+		} else {
+			hi = append(hi, ns)
+		}
+	}
+	var out []string
+	for i := range n / 2 {
+		out = append(out, lo[i], hi[i])
+	}
+	return out
+}
+
+// byHalf counts events in namespaces of partitions 0-7 and 8-15.
+func byHalf(evs []checker.WatchEvent) (lo, hi int) {
+	for _, e := range evs {
+		ns, _, _ := strings.Cut(e.Key, "/")
+		if kube.Partition(ns) < 8 {
+			lo++
+		} else {
+			hi++
+		}
+	}
+	return lo, hi
+}
 
 // churn keeps creating, updating and deleting pods in etcd at a steady
 // rate until ctx ends. Failed writes (an etcd member just died) are
@@ -33,9 +71,11 @@ func churn(ctx context.Context, cli *clientv3.Client, every time.Duration) {
 			return
 		case <-tick.C:
 		}
-		ns, name := fmt.Sprintf("ns-%d", n%3), fmt.Sprintf("p-%02d", n%48)
+		ns, name := churnNamespaces[n%len(churnNamespaces)], fmt.Sprintf("p-%02d", n%48)
 		key := podPrefix + ns + "/" + name
-		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		// Not derived from ctx: a write cancelled in flight may still commit
+		// after the scenario read its last revision. Stopping waits for it.
+		wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		var err error
 		if exists[key] && n%5 == 0 {
 			_, err = cli.Delete(wctx, key)
@@ -234,18 +274,33 @@ func (v verdict) ok() bool {
 	return v.lost == 0 && v.duplicated == 0 && v.reordered == 0 && v.expired == 0 && len(v.errs) == 0
 }
 
-// judge compares what the watcher saw with what it must see.
-func (w *watcher) judge(want []checker.WatchEvent) verdict {
+// upTo is what the watcher saw, without the events after revision last at
+// its end (one after last followed by one before it stays: a reorder).
+func (w *watcher) upTo(last int64) []checker.WatchEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	v := verdict{events: len(w.got), expired: w.expired, reconnects: w.reconnects, statuses: w.statuses}
+	got := w.got
+	for len(got) > 0 && got[len(got)-1].RV > last {
+		got = got[:len(got)-1]
+	}
+	return append([]checker.WatchEvent(nil), got...)
+}
+
+// judge compares what the watcher saw up to revision last with what it
+// must see. Events after last are outside the checked window (a write that
+// timed out during a fault may still commit after the scenario read last).
+func (w *watcher) judge(want []checker.WatchEvent, last int64) verdict {
+	got := w.upTo(last)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	v := verdict{events: len(got), expired: w.expired, reconnects: w.reconnects, statuses: w.statuses}
 	seen := map[checker.WatchEvent]int{}
-	for i, e := range w.got {
+	for i, e := range got {
 		seen[e]++
 		if seen[e] > 1 {
 			v.duplicated++
 		}
-		if i > 0 && e.RV < w.got[i-1].RV {
+		if i > 0 && e.RV < got[i-1].RV {
 			v.reordered++
 		}
 	}
@@ -254,7 +309,7 @@ func (w *watcher) judge(want []checker.WatchEvent) verdict {
 			v.lost++
 		}
 	}
-	v.errs = checker.CheckWatch(want, w.got)
+	v.errs = checker.CheckWatch(want, got)
 	return v
 }
 

@@ -28,6 +28,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"herald.dev/integration/stack"
+	"herald.dev/libs/kube"
 )
 
 // Admin (or health) ports the suite reaches from the host, per group.
@@ -60,6 +61,9 @@ type cluster struct {
 	token  string
 	dir    string
 	etcd   *clientv3.Client
+
+	shards   []cacheShard // the cache shards, each two replicas
+	shardMap string       // --cache.shards of fanout and frontdoor
 
 	mu    sync.Mutex
 	nodes map[string]*node
@@ -112,13 +116,16 @@ func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	images := imagePattern()
 	c := &cluster{images: images, docker: requireDocker(t, images), nodes: map[string]*node{}, dir: t.TempDir()}
+	var err error
+	if c.shards, c.shardMap, err = cacheLayout(); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 4)
 	rand.Read(buf)
 	c.id = hex.EncodeToString(buf)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	var err error
 	c.net, err = tcnetwork.New(ctx)
 	if err != nil {
 		t.Fatalf("network: %v", err)
@@ -138,7 +145,11 @@ func startCluster(t *testing.T) *cluster {
 	}
 	t.Cleanup(func() { c.etcd.Close() })
 	c.startAll(t, ctx, c.ingestSpec(0), c.ingestSpec(1))
-	c.startAll(t, ctx, c.cacheSpec(0), c.cacheSpec(1))
+	var caches []spec
+	for _, sh := range c.shards {
+		caches = append(caches, c.cacheSpec(sh, 0), c.cacheSpec(sh, 1))
+	}
+	c.startAll(t, ctx, caches...)
 	c.startAll(t, ctx, c.fanoutSpec(0), c.fanoutSpec(1), c.fanoutSpec(2))
 	c.startAll(t, ctx, c.frontdoorSpec(0), c.frontdoorSpec(1))
 	return c
@@ -186,18 +197,69 @@ func (c *cluster) ingestSpec(i int) spec {
 		args: []string{etcdEndpoints, natsURLs, "--stream.replicas=3", "--admin.addr=:9090", "--election.lease-ttl=2s", "--progress-interval=200ms"}}
 }
 
-// cacheSpec: every replica serves the one shard (all resources); replicas
-// share the alias "cache" (sharded routing does not exist yet).
-func (c *cluster) cacheSpec(i int) spec {
-	return spec{name: fmt.Sprintf("cache-%d", i), group: "cache", image: "cache", ports: []string{cacheAdmin}, health: cacheAdmin, path: "/readyz",
-		args: []string{etcdEndpoints, natsURLs, "--grpc.addr=:7100", "--admin.addr=:9100", "--default-watch-cache-size=20000"}}
+// cacheShard is one cache shard: what it owns, and the network alias its
+// replicas share (the shard's gRPC target, like a headless Service).
+type cacheShard struct {
+	alias      string // "cache-a": replicas are cache-a-0, cache-a-1
+	resources  string // --shard.resources ("" for every resource)
+	partitions string // --shard.partitions
+}
+
+// cacheLayout is the 2x2 cache: two shards of two replicas. A cache owns
+// the same partitions of every resource it owns, and neither frontdoor's
+// merged LISTs nor fanout's merged watches drop objects outside a shard's
+// partitions, so a shard must own exactly what the shard map routes to it
+// (owning more would duplicate objects, not only waste memory). Hence:
+//
+//   - cache-a: partitions 0-7 of every resource. Cluster-scoped objects
+//     (namespace "") hash to partition kube.Partition(""), which must be in
+//     0-7, so nodes and namespaces live on cache-a whole.
+//   - cache-b: partitions 8-15 of every namespaced resource.
+//
+// The shard map names both halves of each namespaced resource and sends the
+// cluster-scoped ones ("*") to cache-a. It is validated with the parser the
+// services use.
+func cacheLayout() ([]cacheShard, string, error) {
+	const lo, hi = "0-7", "8-15"
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
+	if err != nil {
+		return nil, "", err
+	}
+	if p := kube.Partition(""); p > 7 {
+		return nil, "", fmt.Errorf("cluster-scoped objects hash to partition %d, outside cache-a's %s", p, lo)
+	}
+	a, b := "dns:///cache-a:7100", "dns:///cache-b:7100"
+	var namespaced, entries []string
+	for _, r := range reg.Resources() {
+		if r.Namespaced {
+			namespaced = append(namespaced, r.ID())
+			entries = append(entries, r.ID()+"/"+lo+"="+a, r.ID()+"/"+hi+"="+b)
+		}
+	}
+	entries = append(entries, "*="+a)
+	shardMap := strings.Join(entries, ";")
+	if _, err := kube.ParseShardMap(shardMap, reg); err != nil {
+		return nil, "", err
+	}
+	return []cacheShard{
+		{alias: "cache-a", partitions: lo},
+		{alias: "cache-b", resources: strings.Join(namespaced, ","), partitions: hi},
+	}, shardMap, nil
+}
+
+// cacheSpec is replica i of a cache shard; the shard's replicas share its
+// alias (group), which fanout and frontdoor resolve with dns:///.
+func (c *cluster) cacheSpec(sh cacheShard, i int) spec {
+	return spec{name: fmt.Sprintf("%s-%d", sh.alias, i), group: sh.alias, image: "cache", ports: []string{cacheAdmin}, health: cacheAdmin, path: "/readyz",
+		args: []string{etcdEndpoints, natsURLs, "--grpc.addr=:7100", "--admin.addr=:9100", "--default-watch-cache-size=20000",
+			"--shard.resources=" + sh.resources, "--shard.partitions=" + sh.partitions}}
 }
 
 // fanoutSpec: bookmarks every second, so a client notices a silent stream
 // (a partitioned replica) quickly.
 func (c *cluster) fanoutSpec(i int) spec {
 	return spec{name: fmt.Sprintf("fanout-%d", i), group: "fanout", image: "fanout", ports: []string{fanoutAdmin}, health: fanoutAdmin, path: "/readyz",
-		args: []string{"--cache.addr=dns:///cache:7100", "--http.addr=:7200", "--admin.addr=:9200", "--bookmark-interval=1s", "--ring-size=20000"}}
+		args: []string{"--cache.shards=" + c.shardMap, "--http.addr=:7200", "--admin.addr=:9200", "--bookmark-interval=1s", "--ring-size=20000"}}
 }
 
 func (c *cluster) frontdoorSpec(i int) spec {
@@ -211,7 +273,7 @@ func (c *cluster) frontdoorSpec(i int) spec {
 	}
 	return spec{name: fmt.Sprintf("frontdoor-%d", i), group: "frontdoor", image: "frontdoor", ports: []string{frontHTTPS, frontAdmin}, health: frontAdmin, path: "/readyz", files: files,
 		args: []string{
-			"--addr=:6443", "--admin.addr=:9300", "--cache.addr=dns:///cache:7100", "--fanout.addrs=http://fanout:7200",
+			"--addr=:6443", "--admin.addr=:9300", "--cache.shards=" + c.shardMap, "--fanout.addrs=http://fanout:7200",
 			"--tls.cert-file=/etc/herald/tls/tls.crt", "--tls.key-file=/etc/herald/tls/tls.key", "--token-auth-file=/etc/herald/auth/tokens.csv",
 		}}
 }
@@ -341,7 +403,8 @@ func (c *cluster) stop(t *testing.T, ctx context.Context, n *node) {
 	}
 }
 
-// restart starts a stopped or killed node and waits until it is ready.
+// restart starts a stopped or killed node and waits until it is ready
+// (Start runs the container's readiness strategy again).
 func (c *cluster) restart(t *testing.T, ctx context.Context, n *node) {
 	t.Helper()
 	t.Logf("start %s", n.name)

@@ -1,8 +1,11 @@
 // Package containers is Herald's container suite (`make e2e`): three etcd
 // members, three NATS JetStream servers (the stream has three replicas), two
-// ingest, two cache replicas, three fanout and two frontdoor replicas, each
-// a container from `make images` on one Docker network, with clients on the
-// host talking to frontdoor only.
+// ingest, a 2x2 cache (two shards of two replicas: cache-a owns namespace
+// partitions 0-7 of every resource, cache-b partitions 8-15 of every
+// namespaced one; see cacheLayout), three fanout and two frontdoor
+// replicas, each a container from `make images` on one Docker network, with
+// clients on the host talking to frontdoor only. The writer's pods span both
+// shards, and fanout and frontdoor reach the shards through --cache.shards.
 //
 // Every scenario injects one fault (kill, restart, partition, rolling
 // restart, scale) while a writer keeps changing pods in etcd and resuming

@@ -118,19 +118,22 @@ func (c *cluster) run(t *testing.T, fault func(t *testing.T, ctx context.Context
 		if err != nil {
 			t.Fatalf("etcd history: %v", err)
 		}
-		v := w.judge(want)
+		v := w.judge(want, last)
 		t.Logf("%s: %v", w.name, v)
 		if !v.ok() {
 			for _, err := range v.errs {
 				t.Errorf("%s: %v", w.name, err)
 			}
-			for _, err := range checker.Compare(streamOf(want), streamOf(w.got)) {
+			for _, err := range checker.Compare(streamOf(want), streamOf(w.upTo(last))) {
 				t.Errorf("%s: %v", w.name, err)
 			}
 			t.Errorf("%s: %v", w.name, v)
 		}
 		if len(want) < 300 {
 			t.Errorf("%s: only %d changes in the scenario; the churn did not run", w.name, len(want))
+		}
+		if lo, hi := byHalf(want); lo == 0 || hi == 0 {
+			t.Errorf("%s: %d changes in partitions 0-7, %d in 8-15: the churn must cross both cache shards", w.name, lo, hi)
 		}
 	}
 }
@@ -162,27 +165,44 @@ func killIngestLeader(t *testing.T, ctx context.Context, c *cluster, s *scenario
 	c.restart(t, ctx, lead)
 }
 
+// killCacheReplica kills, in each cache shard in turn, the replica that
+// carries the most of fanout's upstream watch streams (the other replica
+// keeps serving the shard): fanout's hubs must resume that shard's stream on
+// the survivor, and frontdoor's LISTs retry there.
 func killCacheReplica(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
-	n := c.node(t, "cache-0")
-	c.kill(t, ctx, n)
-	s.advance(t, 200, time.Minute)
-	c.restart(t, ctx, n)
+	for _, sh := range c.shards {
+		n, streams := busiest(t, ctx, c, sh.alias, "herald_cache_watch_streams")
+		if streams == 0 {
+			t.Fatalf("no fanout watch stream on shard %s: the kill would test nothing", sh.alias)
+		}
+		t.Logf("%s carries %v watch streams of shard %s", n.name, streams, sh.alias)
+		c.kill(t, ctx, n)
+		s.advance(t, 200, time.Minute)
+		c.restart(t, ctx, n)
+	}
+}
+
+// busiest is the node of a group with the highest value of a metric.
+func busiest(t *testing.T, ctx context.Context, c *cluster, group, metric string) (*node, float64) {
+	t.Helper()
+	var best *node
+	var most float64 = -1
+	for _, n := range c.group(group) {
+		if v, err := n.metric(ctx, metric); err == nil && v > most {
+			best, most = n, v
+		}
+	}
+	if best == nil {
+		t.Fatalf("no %s answers /metrics", group)
+	}
+	return best, most
 }
 
 // busiestFanout is the fanout replica with the most open watches.
 func busiestFanout(t *testing.T, ctx context.Context, c *cluster) *node {
 	t.Helper()
-	var best *node
-	var most float64 = -1
-	for _, n := range c.group("fanout") {
-		if v, err := n.metric(ctx, "herald_fanout_watchers"); err == nil && v > most {
-			best, most = n, v
-		}
-	}
-	if best == nil {
-		t.Fatal("no fanout answers /metrics")
-	}
-	return best
+	n, _ := busiest(t, ctx, c, "fanout", "herald_fanout_watchers")
+	return n
 }
 
 func killFanoutReplica(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
@@ -229,7 +249,11 @@ func partitionFanout(t *testing.T, ctx context.Context, c *cluster, s *scenario)
 // rollingRestart restarts every replica of every Herald service, one at a
 // time, gracefully (SIGTERM), as a Deployment rollout does.
 func rollingRestart(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
-	for _, g := range []string{"ingest", "cache", "fanout", "frontdoor"} {
+	groups := []string{"ingest"}
+	for _, sh := range c.shards {
+		groups = append(groups, sh.alias)
+	}
+	for _, g := range append(groups, "fanout", "frontdoor") {
 		for _, n := range c.group(g) {
 			c.stop(t, ctx, n)
 			c.restart(t, ctx, n)

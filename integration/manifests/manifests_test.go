@@ -29,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"herald.dev/libs/kube"
 )
 
 // overlays are the renderings that must hold; each is deploy/k8s/overlays/<name>.
@@ -118,10 +120,10 @@ func TestOverlaysDecodeStrictly(t *testing.T) {
 		t.Run(o, func(t *testing.T) {
 			r := render(t, o)
 			want := map[string][]string{
-				"StatefulSet":             {"herald-cache", "herald-etcd", "herald-nats"},
+				"StatefulSet":             {"herald-cache-a", "herald-cache-b", "herald-etcd", "herald-nats"},
 				"Deployment":              {"herald-fanout", "herald-frontdoor", "herald-ingest", "herald-otel-collector"},
 				"HorizontalPodAutoscaler": {"herald-fanout"},
-				"PodDisruptionBudget":     {"herald-cache", "herald-etcd", "herald-fanout", "herald-frontdoor", "herald-ingest", "herald-nats"},
+				"PodDisruptionBudget":     {"herald-cache-a", "herald-cache-b", "herald-etcd", "herald-fanout", "herald-frontdoor", "herald-ingest", "herald-nats"},
 			}
 			for kind, names := range want {
 				for _, n := range names {
@@ -295,6 +297,18 @@ func checkHeraldContainer(t *testing.T, r *rendering, where, svc string, c corev
 		}
 		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return strings.HasPrefix(v, m.MountPath+"/") }) {
 			t.Errorf("%s: --%s=%s is not on a mounted volume", where, f, v)
+		}
+	}
+	if v, ok := args["cache.shards"]; ok {
+		m, err := kube.ParseShardMap(v, defaultRegistry(t))
+		if err != nil {
+			t.Errorf("%s: --cache.shards: %v", where, err)
+		} else {
+			for _, target := range m.Targets() {
+				if _, err := r.shardService(target); err != nil {
+					t.Errorf("%s: --cache.shards: %v", where, err)
+				}
+			}
 		}
 	}
 	for _, f := range peerFlags {
@@ -626,4 +640,172 @@ func repoRoot(t *testing.T) string {
 		}
 		dir = parent
 	}
+}
+
+// TestCacheShards checks the cache layout against the shard map fanout and
+// frontdoor read: both read the same map; each target is dns:///<headless
+// Service>:<port> selecting one cache StatefulSet; and for every resource and
+// namespace partition, the caches owning it (by their --shard.resources and
+// --shard.partitions) are exactly the one shard the map routes it to. A
+// partition no cache owns would be missing from LISTs and watches; one owned
+// by a shard the map does not route it to would be served twice, since
+// merged LISTs and watches do not filter a shard's answers by partition.
+func TestCacheShards(t *testing.T) {
+	images := makeImages(t)
+	reg := defaultRegistry(t)
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, o)
+			maps := map[string]string{} // workload -> --cache.shards
+			owns := map[string]func(res *kube.Resource, p int) bool{}
+			for _, w := range r.workloads() {
+				for _, c := range w.pod.Containers {
+					name, _ := heraldImage(c.Image, images)
+					args := argMap(c)
+					if args["resources-file"] != "" {
+						t.Errorf("%s %s: --resources-file is set; this test checks the shard map against the built-in registry only", w.kind, w.name)
+					}
+					switch name {
+					case "fanout", "frontdoor":
+						if args["cache.addr"] != "" {
+							t.Errorf("%s %s: --cache.addr is set; --cache.shards names the caches", w.kind, w.name)
+						}
+						maps[w.name] = args["cache.shards"]
+					case "cache":
+						if w.kind != "StatefulSet" {
+							t.Errorf("%s %s: a cache shard must be a StatefulSet", w.kind, w.name)
+						}
+						owns[w.name] = cacheOwnership(t, w.name, args)
+					}
+				}
+			}
+			if len(maps) != 2 || len(owns) < 2 {
+				t.Fatalf("want fanout and frontdoor reading a shard map and at least 2 cache shards; got maps %v, caches %d", maps, len(owns))
+			}
+			var text string
+			for w, m := range maps {
+				if m == "" {
+					t.Fatalf("%s has no --cache.shards", w)
+				}
+				if text != "" && m != text {
+					t.Fatalf("fanout and frontdoor read different shard maps:\n%q\n%q", text, m)
+				}
+				text = m
+			}
+			m, err := kube.ParseShardMap(text, reg)
+			if err != nil {
+				t.Fatalf("--cache.shards: %v", err)
+			}
+			routed := map[string]bool{}
+			for _, res := range reg.Resources() {
+				parts := []int{kube.Partition("")} // where cluster-scoped objects live
+				if res.Namespaced {
+					parts = nil
+					for p := range kube.Partitions {
+						parts = append(parts, p)
+					}
+				}
+				for _, sh := range m.All(res) {
+					sts, err := r.shardService(sh.Target)
+					if err != nil {
+						t.Errorf("%s: %v", res.ID(), err)
+						continue
+					}
+					routed[sts] = true
+					for _, p := range parts {
+						if sh.Partitions != nil && !slices.Contains(sh.Partitions, p) {
+							continue
+						}
+						var owners []string
+						for name, own := range owns {
+							if own(res, p) {
+								owners = append(owners, name)
+							}
+						}
+						slices.Sort(owners)
+						if !slices.Equal(owners, []string{sts}) {
+							t.Errorf("%s partition %d: routed to %s (%s), owned by %v", res.ID(), p, sts, sh.Target, owners)
+						}
+					}
+				}
+			}
+			for name := range owns {
+				if !routed[name] {
+					t.Errorf("cache StatefulSet %s serves nothing the shard map routes to it", name)
+				}
+			}
+		})
+	}
+}
+
+// shardService resolves a shard map target, dns:///<service>:<port>, to the
+// cache StatefulSet behind it: the Service must exist with that port, be
+// headless (every replica's address, for round robin) and select exactly one
+// StatefulSet, governed by it.
+func (r *rendering) shardService(target string) (string, error) {
+	hostPort, ok := strings.CutPrefix(target, "dns:///")
+	if !ok {
+		return "", fmt.Errorf("shard target %q: want dns:///<headless Service>:<port>", target)
+	}
+	if err := r.servesPort(hostPort); err != nil {
+		return "", fmt.Errorf("shard target %q: %v", target, err)
+	}
+	host, _, _ := net.SplitHostPort(hostPort)
+	svc := r.all("Service")[host].(*corev1.Service)
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		return "", fmt.Errorf("shard target %q: Service %s is not headless", target, host)
+	}
+	ws := r.selected(labels.SelectorFromSet(svc.Spec.Selector))
+	if len(ws) != 1 || ws[0].kind != "StatefulSet" || ws[0].service != host {
+		return "", fmt.Errorf("shard target %q: Service %s must select exactly one StatefulSet it governs", target, host)
+	}
+	return ws[0].name, nil
+}
+
+// cacheOwnership is what a cache's --shard.resources and --shard.partitions
+// make it own (empty: every resource, every partition).
+func cacheOwnership(t *testing.T, where string, args map[string]string) func(*kube.Resource, int) bool {
+	t.Helper()
+	reg := defaultRegistry(t)
+	resources := map[string]bool{}
+	for _, id := range strings.Split(args["shard.resources"], ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			if _, ok := reg.ByID(id); !ok {
+				t.Errorf("%s: --shard.resources names unknown resource %q", where, id)
+			}
+			resources[id] = true
+		}
+	}
+	var parts []bool
+	if v := strings.TrimSpace(args["shard.partitions"]); v != "" {
+		var err error
+		if parts, err = kube.ParsePartitions(v); err != nil {
+			t.Errorf("%s: --shard.partitions: %v", where, err)
+		}
+	}
+	return func(res *kube.Resource, p int) bool {
+		return (len(resources) == 0 || resources[res.ID()]) && (parts == nil || parts[p])
+	}
+}
+
+// argMap is a container's --flag=value arguments by flag.
+func argMap(c corev1.Container) map[string]string {
+	out := map[string]string{}
+	for _, a := range c.Args {
+		if name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
+			out[name] = value
+		}
+	}
+	return out
+}
+
+// defaultRegistry is the built-in resource registry the services load (the
+// manifests pass no --resources-file).
+func defaultRegistry(t *testing.T) *kube.Registry {
+	t.Helper()
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
