@@ -249,6 +249,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.flush()
 
 	wt := newWatcher(sel, s.cfg.QueueEvents, s.cfg.QueueBytes)
+	// Once closed, the watcher has closeGrace to write what it had queued;
+	// a write still blocked then fails and the handler returns.
+	wt.abort = func() { st.rc.SetWriteDeadline(time.Now().Add(closeGrace)) }
 	defer h.leave(wt)
 	last, err := s.start(ctx, st, h, wt, info, plan)
 	if err != nil {
@@ -427,15 +430,21 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		tick = t.C
 	}
 	st.last = max(st.last, last)
+	defer func() {
+		if reason := wt.closedReason(); reason != "" {
+			s.m.terminated.WithLabelValues(st.res.ID(), reason).Inc()
+		}
+	}()
 	for st.err == nil {
 		select {
 		case <-ctx.Done():
 			return
 		case <-wt.done:
-			s.m.terminated.WithLabelValues(st.res.ID(), wt.reason).Inc()
-			// Deliver what was queued before the overflow, then end the
-			// stream: the client resumes after the last one.
+			// Deliver what was queued before the overflow (within the
+			// close grace), then end the stream: the client resumes after
+			// the last event it received.
 			s.drain(st, wt, -1)
+			st.flush()
 			return
 		case q := <-wt.q:
 			wt.dequeued(q)
@@ -535,5 +544,9 @@ func acceptsGzip(r *http.Request) bool {
 }
 
 func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }
+
+// closeGrace is how long a closed watcher may still write what it had
+// queued.
+const closeGrace = 2 * time.Second
 
 func schemaGR(resource string) schema.GroupResource { return schema.GroupResource{Resource: resource} }

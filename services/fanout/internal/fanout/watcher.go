@@ -36,6 +36,10 @@ type watcher struct {
 	once   sync.Once
 	done   chan struct{}
 	reason string
+	// abort, when set, bounds the writer's blocking write once the watcher
+	// is closed: a client that stopped reading must not hold a goroutine
+	// and a connection open.
+	abort func()
 }
 
 func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
@@ -65,5 +69,19 @@ func (w *watcher) close(reason string) {
 	w.once.Do(func() {
 		w.reason = reason
 		close(w.done)
+		if w.abort != nil {
+			w.abort()
+		}
 	})
+}
+
+// closedReason is the reason the server closed the watcher, "" if it did
+// not.
+func (w *watcher) closedReason() string {
+	select {
+	case <-w.done:
+		return w.reason
+	default:
+		return ""
+	}
 }
