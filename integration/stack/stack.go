@@ -29,8 +29,6 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.etcd.io/etcd/server/v3/embed"
-
-	"herald.dev/libs/kube"
 )
 
 // Options say what to start. Zero addresses pick free loopback ports.
@@ -193,50 +191,36 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 }
 
 // addCaches adds the cache processes and returns the shard map naming them.
+// Every cache gets the whole map and its own target, and owns exactly what
+// the map routes to it.
 func (s *Stack) addCaches(firstGRPC, firstAdmin string) string {
 	shards := s.opts.CacheShards
 	if len(shards) == 0 {
 		shards = []CacheShard{{Replicas: 1}}
 	}
-	// The "*" shard owns what no other shard names (of the built-in
-	// registry; custom registries name their shards explicitly).
-	named := map[string]bool{}
-	for _, sh := range shards {
-		for _, r := range strings.Split(sh.Resources, ",") {
-			named[r] = true
-		}
+	type proc struct {
+		name, grpc, admin string
+		shard             int
 	}
-	var rest []string
-	for _, r := range kube.DefaultResources() {
-		if rr, err := kube.NewRegistry(kube.DefaultPrefix, []kube.Resource{r}); err == nil && !named[rr.Resources()[0].ID()] {
-			rest = append(rest, rr.Resources()[0].ID())
-		}
-	}
+	var procs []proc
+	targets := make([]string, len(shards))
 	var entries []string
 	for i, sh := range shards {
-		owned := sh.Resources
-		if owned == "" && len(shards) > 1 {
-			owned = strings.Join(rest, ",")
-		}
 		var addrs []string
 		for j := range max(sh.Replicas, 1) {
-			grpcAddr, admin := freeAddr(), freeAddr()
+			p := proc{name: fmt.Sprintf("cache-%d-%d", i, j), grpc: freeAddr(), admin: freeAddr(), shard: i}
 			if i == 0 && j == 0 {
-				grpcAddr, admin = firstGRPC, firstAdmin
+				p.grpc, p.admin = firstGRPC, firstAdmin
 			}
-			name := fmt.Sprintf("cache-%d-%d", i, j)
 			if len(s.opts.CacheShards) == 0 {
-				name = "cache-0"
+				p.name = "cache-0"
 			}
-			addrs = append(addrs, grpcAddr)
-			s.add(&Proc{Name: name, Bin: "cache", Admin: admin, Addrs: map[string]string{"grpc": grpcAddr}, Args: append([]string{
-				"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + grpcAddr, "--admin.addr=" + admin,
-				"--shard.resources=" + owned, "--shard.partitions=" + sh.Partitions,
-			}, s.opts.Flags["cache"]...)})
+			addrs = append(addrs, p.grpc)
+			procs = append(procs, p)
 		}
-		target := "static:///" + strings.Join(addrs, ",")
+		targets[i] = "static:///" + strings.Join(addrs, ",")
 		if sh.Resources == "" {
-			entries = append(entries, "*="+target)
+			entries = append(entries, "*="+targets[i])
 			continue
 		}
 		for _, r := range strings.Split(sh.Resources, ",") {
@@ -244,10 +228,17 @@ func (s *Stack) addCaches(firstGRPC, firstAdmin string) string {
 			if sh.Partitions != "" {
 				spec += "/" + sh.Partitions
 			}
-			entries = append(entries, spec+"="+target)
+			entries = append(entries, spec+"="+targets[i])
 		}
 	}
-	return strings.Join(entries, ";")
+	shardMap := strings.Join(entries, ";")
+	for _, p := range procs {
+		s.add(&Proc{Name: p.name, Bin: "cache", Admin: p.admin, Addrs: map[string]string{"grpc": p.grpc}, Args: append([]string{
+			"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + p.grpc, "--admin.addr=" + p.admin,
+			"--cache.shards=" + shardMap, "--shard.target=" + targets[p.shard],
+		}, s.opts.Flags["cache"]...)})
+	}
+	return shardMap
 }
 
 func (s *Stack) add(p *Proc) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -28,6 +29,13 @@ func DialCache(target string, creds credentials.TransportCredentials, maxRecv in
 		grpc.WithDefaultServiceConfig(cacheServiceConfig),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecv)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+		// Reconnect to a restarted replica within a second (gRPC's default
+		// backoff grows to two minutes): replicas restart, they do not
+		// vanish.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
 	}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cache client for %s: %w", target, err)
@@ -44,9 +52,9 @@ const cacheServiceConfig = `{
   "methodConfig": [{
     "name": [{"service": "herald.v1.Cache"}],
     "retryPolicy": {
-      "maxAttempts": 4,
-      "initialBackoff": "0.05s",
-      "maxBackoff": "0.5s",
+      "maxAttempts": 5,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "1s",
       "backoffMultiplier": 2,
       "retryableStatusCodes": ["UNAVAILABLE"]
     }

@@ -22,7 +22,11 @@ type Config struct {
 	// Resources this shard owns (registry IDs); empty for all.
 	Resources string
 	// Partitions of each owned resource this shard owns; empty for all.
-	Partitions        string
+	Partitions string
+	// ShardMap and ShardTarget: alternatively, own exactly what the shard
+	// map routes to this shard's target.
+	ShardMap          string
+	ShardTarget       string
 	WindowSizes       string
 	DefaultWindowSize int
 	WaitTimeout       time.Duration
@@ -42,6 +46,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
 	fs.StringVar(&c.Resources, "shard.resources", "", "Comma-separated resource IDs this shard owns (e.g. pods,deployments.apps); empty for all.")
 	fs.StringVar(&c.Partitions, "shard.partitions", "", fmt.Sprintf("Namespace partitions (0-%d) of the owned resources, e.g. 0-7 or 0,2,4-5; empty for all.", kube.Partitions-1))
+	fs.StringVar(&c.ShardMap, "cache.shards", "", "The shard map frontdoor and fanout use; with shard.target, this shard owns what the map routes to that target.")
+	fs.StringVar(&c.ShardTarget, "shard.target", "", "This shard's target as written in cache.shards (e.g. dns:///herald-cache-a:7100).")
 	fs.StringVar(&c.WindowSizes, "watch-cache-sizes", "", "Per-resource window sizes in kube-apiserver's format, e.g. pods#1000,nodes#500.")
 	fs.IntVar(&c.DefaultWindowSize, "default-watch-cache-size", 1000, "Window size (events) of resources not named in watch-cache-sizes.")
 	fs.DurationVar(&c.WaitTimeout, "wait-timeout", 3*time.Second, "How long a read waits for the shard to reach a requested or etcd's current revision.")
@@ -59,6 +65,12 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.partitionSet(); err != nil {
 		errs = append(errs, err)
+	}
+	if (c.ShardMap == "") != (c.ShardTarget == "") {
+		errs = append(errs, errors.New("cache.shards and shard.target go together"))
+	}
+	if c.ShardTarget != "" && (c.Resources != "" || c.Partitions != "") {
+		errs = append(errs, errors.New("shard.target replaces shard.resources and shard.partitions"))
 	}
 	if _, err := c.windowSizes(); err != nil {
 		errs = append(errs, err)
@@ -80,6 +92,61 @@ func (c *Config) endpoints() []string {
 		}
 	}
 	return out
+}
+
+// ownership returns, by resource ID, the namespace partitions this shard
+// owns (nil: all of them); a nil map means every resource, whole.
+func (c *Config) ownership(reg *kube.Registry) (map[string]map[int]bool, error) {
+	if c.ShardTarget != "" {
+		m, err := kube.ParseShardMap(c.ShardMap, reg)
+		if err != nil {
+			return nil, fmt.Errorf("cache.shards: %w", err)
+		}
+		out := map[string]map[int]bool{}
+		for _, r := range reg.Resources() {
+			for _, sh := range m.All(r) {
+				if sh.Target != c.ShardTarget {
+					continue
+				}
+				var parts map[int]bool
+				if sh.Partitions != nil {
+					parts = map[int]bool{}
+					for _, p := range sh.Partitions {
+						parts[p] = true
+					}
+				}
+				out[r.ID()] = parts
+			}
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("shard.target %q owns nothing in cache.shards", c.ShardTarget)
+		}
+		return out, nil
+	}
+	parts, err := c.partitionSet()
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(c.Resources) == "" {
+		if parts == nil {
+			return nil, nil
+		}
+		out := map[string]map[int]bool{}
+		for _, r := range reg.Resources() {
+			out[r.ID()] = parts
+		}
+		return out, nil
+	}
+	out := map[string]map[int]bool{}
+	for _, id := range strings.Split(c.Resources, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			if _, ok := reg.ByID(id); !ok {
+				return nil, fmt.Errorf("shard.resources: unknown resource %q", id)
+			}
+			out[id] = parts
+		}
+	}
+	return out, nil
 }
 
 // partitionSet returns the owned partitions (nil: all).

@@ -41,7 +41,8 @@ type slot struct {
 //     revision it was registered at, and is queued every later one.
 type resourceState struct {
 	res      *kube.Resource
-	capacity int // events in the window
+	capacity int          // events in the window
+	parts    map[int]bool // owned namespace partitions; nil: all
 
 	mu          sync.RWMutex
 	state       *tree

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,12 +69,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // Shard is one cache shard replica.
 type Shard struct {
-	cfg        Config
-	log        *slog.Logger
-	reg        *kube.Registry
-	m          *metrics
-	partitions map[int]bool
-	resources  map[string]*resourceState // by resource ID
+	cfg       Config
+	log       *slog.Logger
+	reg       *kube.Registry
+	m         *metrics
+	resources map[string]*resourceState // by resource ID
 
 	// tracer: nil when tracing is off (see WithTracer). traceparent: the
 	// trace context of the record being applied (apply goroutine only).
@@ -106,21 +104,16 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	if err != nil {
 		return nil, err
 	}
-	parts, _ := cfg.partitionSet()
 	sizes, _ := cfg.windowSizes()
-	s := &Shard{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg), partitions: parts,
+	s := &Shard{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg),
 		resources: map[string]*resourceState{}, advanced: make(chan struct{}), firstUp: make(chan struct{})}
-	owned := map[string]bool{}
-	for _, id := range strings.Split(cfg.Resources, ",") {
-		if id = strings.TrimSpace(id); id != "" {
-			if _, ok := reg.ByID(id); !ok {
-				return nil, fmt.Errorf("shard.resources: unknown resource %q", id)
-			}
-			owned[id] = true
-		}
+	owned, err := cfg.ownership(reg)
+	if err != nil {
+		return nil, err
 	}
 	for _, r := range reg.Resources() {
-		if len(owned) > 0 && !owned[r.ID()] {
+		parts, ok := owned[r.ID()]
+		if owned != nil && !ok {
 			continue
 		}
 		size := cfg.DefaultWindowSize
@@ -130,6 +123,7 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 			size = n
 		}
 		s.resources[r.ID()] = newResourceState(r, size)
+		s.resources[r.ID()].parts = parts
 		s.m.capacity.WithLabelValues(r.ID()).Set(float64(size))
 	}
 	for _, o := range opts {
@@ -160,7 +154,7 @@ func (s *Shard) owns(r *kube.Resource, namespace string) (*resourceState, bool) 
 	if !ok {
 		return nil, false
 	}
-	if s.partitions != nil && !s.partitions[kube.Partition(namespace)] {
+	if rs.parts != nil && !rs.parts[kube.Partition(namespace)] {
 		return nil, false
 	}
 	return rs, true
@@ -176,13 +170,13 @@ func (s *Shard) subjects() []string {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		r := s.resources[id].res
-		if s.partitions == nil {
+		r, parts := s.resources[id].res, s.resources[id].parts
+		if parts == nil {
 			out = append(out, r.SubjectFilter())
 			continue
 		}
 		for p := range kube.Partitions {
-			if s.partitions[p] {
+			if parts[p] {
 				out = append(out, fmt.Sprintf("%s.%s.%d", kube.SubjectRoot, r.SubjectToken(), p))
 			}
 		}
