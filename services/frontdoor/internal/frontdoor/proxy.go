@@ -85,9 +85,13 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		TLSClientConfig:       tlsCfg,
 		TLSHandshakeTimeout:   cfg.FanoutDialTimeout,
 		ResponseHeaderTimeout: cfg.FanoutResponseTimeout,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ForceAttemptHTTP2:     tlsCfg != nil,
+		// One connection per watch: watches are long-lived, so a dial per
+		// watch costs nothing, and a new connection is what lets DNS or
+		// kube-proxy place a new watch on a newly scaled-out replica (reused
+		// idle connections, or one multiplexed HTTP/2 connection, would pin
+		// every watch to the replicas that existed first).
+		DisableKeepAlives: true,
+		ForceAttemptHTTP2: false,
 		// Watches are already compressed or not by the client's choice; the
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
