@@ -21,18 +21,26 @@ import (
 type PKI struct {
 	CAFile, CertFile, KeyFile string
 	CAPEM                     []byte
+	// Internal hops (mutual TLS): the caches' and fanouts' serving
+	// certificate, and the client certificate frontdoor and fanout present.
+	InternalCertFile, InternalKeyFile string
+	ClientCertFile, ClientKeyFile     string
 }
 
 // EnsurePKI loads the CA and serving certificate from dir, creating them if
 // missing.
 func EnsurePKI(dir string) (*PKI, error) {
 	p := &PKI{
-		CAFile:   filepath.Join(dir, "ca.crt"),
-		CertFile: filepath.Join(dir, "frontdoor.crt"),
-		KeyFile:  filepath.Join(dir, "frontdoor.key"),
+		CAFile:           filepath.Join(dir, "ca.crt"),
+		CertFile:         filepath.Join(dir, "frontdoor.crt"),
+		KeyFile:          filepath.Join(dir, "frontdoor.key"),
+		InternalCertFile: filepath.Join(dir, "internal.crt"),
+		InternalKeyFile:  filepath.Join(dir, "internal.key"),
+		ClientCertFile:   filepath.Join(dir, "internal-client.crt"),
+		ClientKeyFile:    filepath.Join(dir, "internal-client.key"),
 	}
 	if b, err := os.ReadFile(p.CAFile); err == nil {
-		if _, err := os.Stat(p.KeyFile); err == nil {
+		if _, err := os.Stat(p.ClientKeyFile); err == nil {
 			p.CAPEM = b
 			return p, nil
 		}
@@ -59,35 +67,40 @@ func EnsurePKI(dir string) (*PKI, error) {
 		return nil, err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "herald-frontdoor"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(5 * 365 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost", "frontdoor"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
+	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return err
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial),
+			Subject:      pkix.Name{CommonName: cn},
+			NotBefore:    now.Add(-time.Hour),
+			NotAfter:     now.Add(5 * 365 * 24 * time.Hour),
+			KeyUsage:     x509.KeyUsageDigitalSignature,
+			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+			DNSNames:     []string{"localhost", cn},
+			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			return err
+		}
+		keyDER, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			return err
+		}
+		return errors.Join(
+			os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644),
+			os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600),
+		)
 	}
 	p.CAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	if err := errors.Join(
 		os.WriteFile(p.CAFile, p.CAPEM, 0o644),
-		os.WriteFile(p.CertFile, certPEM, 0o644),
-		os.WriteFile(p.KeyFile, keyPEM, 0o600),
+		issue(2, "frontdoor", x509.ExtKeyUsageServerAuth, p.CertFile, p.KeyFile),
+		issue(3, "herald-internal", x509.ExtKeyUsageServerAuth, p.InternalCertFile, p.InternalKeyFile),
+		issue(4, "herald-internal-client", x509.ExtKeyUsageClientAuth, p.ClientCertFile, p.ClientKeyFile),
 	); err != nil {
 		return nil, fmt.Errorf("writing certificates: %w", err)
 	}

@@ -49,6 +49,9 @@ type Options struct {
 	// with one replica (process "cache-0"). Shard i's replica j is process
 	// "cache-<i>-<j>".
 	CacheShards []CacheShard
+	// InternalTLS runs every internal hop (frontdoor and fanout to the
+	// caches, frontdoor to fanout) over mutual TLS with the dev CA.
+	InternalTLS bool
 	// Extra flags per service name ("ingest", "cache", "fanout", "frontdoor").
 	Flags map[string][]string
 	// Logs receives the services' output; nil writes it to Dir/logs.
@@ -152,22 +155,42 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}, opts.Flags["ingest"]...)})
 	}
 	shardMap := s.addCaches(cacheGRPC, cacheAdmin)
+	var cacheTLS, fanoutServerTLS, frontTLS []string
+	scheme := "http://"
+	if opts.InternalTLS {
+		p := s.PKI
+		client := func(prefix string) []string {
+			return []string{"--" + prefix + ".tls.cert-file=" + p.ClientCertFile, "--" + prefix + ".tls.key-file=" + p.ClientKeyFile, "--" + prefix + ".tls.ca-file=" + p.CAFile}
+		}
+		server := func(prefix string) []string {
+			return []string{"--" + prefix + ".tls.cert-file=" + p.InternalCertFile, "--" + prefix + ".tls.key-file=" + p.InternalKeyFile, "--" + prefix + ".tls.client-ca-file=" + p.CAFile}
+		}
+		cacheTLS = server("grpc")
+		fanoutServerTLS = append(server("http"), client("cache")...)
+		frontTLS = append(client("cache"), client("fanout")...)
+		scheme = "https://"
+	}
+	for _, p := range s.procs {
+		if p.Bin == "cache" {
+			p.Args = append(p.Args, cacheTLS...)
+		}
+	}
 	var fanoutURLs []string
 	for i := range opts.Fanouts {
 		httpAddr, admin := fanoutHTTP, fanoutAdmin
 		if i > 0 {
 			httpAddr, admin = freeAddr(), freeAddr()
 		}
-		fanoutURLs = append(fanoutURLs, "http://"+httpAddr)
+		fanoutURLs = append(fanoutURLs, scheme+httpAddr)
 		s.add(&Proc{Name: fmt.Sprintf("fanout-%d", i), Bin: "fanout", Admin: admin, Addrs: map[string]string{"http": httpAddr}, Args: append([]string{
 			"--cache.shards=" + shardMap, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
-		}, opts.Flags["fanout"]...)})
+		}, append(fanoutServerTLS, opts.Flags["fanout"]...)...)})
 	}
 	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append([]string{
 		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.shards=" + shardMap,
 		"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
 		"--token-auth-file=" + tokenFile,
-	}, opts.Flags["frontdoor"]...)})
+	}, append(frontTLS, opts.Flags["frontdoor"]...)...)})
 	s.FrontdoorURL = "https://" + front
 
 	for _, p := range s.procs {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -57,11 +58,20 @@ func run() error {
 	if err := admin.Serve(ctx, cfg.AdminAddr); err != nil {
 		return err
 	}
-	srv := grpc.NewServer(append([]grpc.ServerOption{
+	var serverOpts []grpc.ServerOption
+	if cfg.GRPCTLS.Enabled() {
+		tc, err := cfg.GRPCTLS.Config()
+		if err != nil {
+			return fmt.Errorf("grpc.tls: %w", err)
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	serverOpts = append(serverOpts,
 		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	}, tel.GRPCServerOptions()...)...)
+	)
+	srv := grpc.NewServer(append(serverOpts, tel.GRPCServerOptions()...)...)
 	heraldv1.RegisterCacheServer(srv, cache.NewServer(shard))
 	// Serve gRPC only once the snapshot is loaded: clients balance over
 	// replicas by connection, and a replica that is still loading must not

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 )
 
 // Config is the whole configuration of a cache shard replica.
@@ -32,6 +33,7 @@ type Config struct {
 	WaitTimeout       time.Duration
 	SubscriberBuffer  int
 	GRPCAddr          string
+	GRPCTLS           service.ServerTLS
 	AdminAddr         string
 	MaxRecvBytes      int
 }
@@ -53,6 +55,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.WaitTimeout, "wait-timeout", 3*time.Second, "How long a read waits for the shard to reach a requested or etcd's current revision.")
 	fs.IntVar(&c.SubscriberBuffer, "subscriber-buffer", 4096, "Revisions buffered per following watch stream before it is cut off as too slow.")
 	fs.StringVar(&c.GRPCAddr, "grpc.addr", "127.0.0.1:7100", "Address of the gRPC server (List, Watch).")
+	c.GRPCTLS.RegisterFlags(fs, "grpc")
 	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9100", "Address of the admin server (/livez, /readyz, /metrics).")
 	fs.IntVar(&c.MaxRecvBytes, "grpc.max-recv-bytes", 1<<20, "Largest gRPC request accepted.")
 }
@@ -64,6 +67,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("etcd.endpoints is empty"))
 	}
 	if _, err := c.partitionSet(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.GRPCTLS.Validate("grpc"); err != nil {
 		errs = append(errs, err)
 	}
 	if (c.ShardMap == "") != (c.ShardTarget == "") {

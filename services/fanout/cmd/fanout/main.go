@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
@@ -58,8 +59,14 @@ func run() error {
 			c.Close()
 		}
 	}()
+	var cacheCreds credentials.TransportCredentials
+	if tc, err := cfg.CacheTLS.Config(); err != nil {
+		return fmt.Errorf("cache.tls: %w", err)
+	} else if tc != nil {
+		cacheCreds = credentials.NewTLS(tc)
+	}
 	dial := func(target string) (heraldv1.CacheClient, error) {
-		conn, err := service.DialCache(target, nil, 64<<20, tel.GRPCDialOptions()...)
+		conn, err := service.DialCache(target, cacheCreds, 64<<20, tel.GRPCDialOptions()...)
 		if err != nil {
 			return nil, err
 		}
@@ -95,7 +102,16 @@ func run() error {
 		srv.Shutdown(sctx)
 	}()
 	log.Info("fanout starting", "http", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.CacheAddr)
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	serve := func() error { return srv.Serve(ln) }
+	if cfg.HTTPTLS.Enabled() {
+		tc, err := cfg.HTTPTLS.Config()
+		if err != nil {
+			return fmt.Errorf("http.tls: %w", err)
+		}
+		srv.TLSConfig = tc
+		serve = func() error { return srv.ServeTLS(ln, "", "") }
+	}
+	if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	log.Info("fanout stopped")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 )
 
 // Config is the whole configuration of a fanout replica.
@@ -15,6 +16,8 @@ type Config struct {
 	Prefix           string
 	ResourcesFile    string
 	HTTPAddr         string
+	HTTPTLS          service.ServerTLS
+	CacheTLS         service.ClientTLS
 	AdminAddr        string
 	RingSize         int
 	QueueEvents      int
@@ -34,6 +37,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
 	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
 	fs.StringVar(&c.HTTPAddr, "http.addr", "127.0.0.1:7200", "Address of the internal watch HTTP server (reached through frontdoor only).")
+	c.HTTPTLS.RegisterFlags(fs, "http")
+	c.CacheTLS.RegisterFlags(fs, "cache", "the cache")
 	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9200", "Address of the admin server (/livez, /readyz, /metrics).")
 	fs.IntVar(&c.RingSize, "ring-size", 2048, "Recent events kept per resource for watchers that join or resume.")
 	fs.IntVar(&c.QueueEvents, "watcher.queue-events", 1000, "Events queued per watcher before it is closed as too slow.")
@@ -57,6 +62,9 @@ func (c *Config) ShardMap() string {
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.HTTPTLS.Validate("http"); err != nil {
+		errs = append(errs, err)
+	}
 	if c.CacheAddr == "" {
 		errs = append(errs, errors.New("cache.addr is empty"))
 	}
