@@ -35,6 +35,7 @@ type Config struct {
 	FanoutTLS       ClientTLS
 	CacheTLS        ClientTLS
 	FanoutRetryDown time.Duration
+	FanoutResolve   time.Duration
 
 	Prefix        string
 	ResourcesFile string
@@ -106,6 +107,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.FanoutTLS.register(fs, "fanout", "fanout replicas")
 	c.CacheTLS.register(fs, "cache", "the cache")
 	fs.DurationVar(&c.FanoutRetryDown, "fanout.down-for", 2*time.Second, "How long a fanout replica that refused a connection is skipped.")
+	fs.DurationVar(&c.FanoutResolve, "fanout.resolve-interval", 5*time.Second, "How often a fanout URL given by DNS name (e.g. a headless Service) is resolved again into its replicas.")
 	fs.DurationVar(&c.FanoutDialTimeout, "fanout.dial-timeout", 2*time.Second, "Timeout to connect to a fanout replica before trying the next.")
 	fs.DurationVar(&c.FanoutResponseTimeout, "fanout.response-timeout", 30*time.Second, "Time a fanout replica has to start answering a watch.")
 

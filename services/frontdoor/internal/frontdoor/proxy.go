@@ -13,7 +13,9 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,20 +45,28 @@ const (
 // ends the client's stream; the client resumes from its last
 // resourceVersion on any replica (they keep no per-client state).
 type fanoutPool struct {
-	log      *slog.Logger
-	backends []*backend
-	next     atomic.Uint64
-	downFor  time.Duration
-	retries  func(host string)
-	tracer   trace.Tracer // nil: tracing off
+	log *slog.Logger
+	// backends are the replicas: one per configured URL whose host is an
+	// address, one per address a configured name resolves to (refreshed by
+	// resolve, so a scaled-out replica starts taking watches within a
+	// refresh). newBackend builds one.
+	mu         sync.RWMutex
+	backends   []*backend
+	names      []*url.URL // configured URLs with a DNS name
+	newBackend func(u *url.URL) *backend
+	next       atomic.Uint64
+	downFor    time.Duration
+	retries    func(host string)
+	tracer     trace.Tracer // nil: tracing off
 }
 
 // backend is one fanout replica.
 type backend struct {
-	url   *url.URL
-	proxy *httputil.ReverseProxy
-	open  atomic.Int64
-	down  atomic.Int64 // unix nanos until which it is skipped
+	url    *url.URL
+	origin *url.URL // the configured URL it comes from
+	proxy  *httputil.ReverseProxy
+	open   atomic.Int64
+	down   atomic.Int64 // unix nanos until which it is skipped
 }
 
 type attemptKey struct{}
@@ -96,11 +106,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
 	}
-	for _, a := range cfg.fanouts() {
-		u, err := url.Parse(a)
-		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return nil, fmt.Errorf("fanout.addrs: bad URL %q", a)
-		}
+	p.newBackend = func(u *url.URL) *backend {
 		b := &backend{url: u}
 		b.proxy = &httputil.ReverseProxy{
 			Transport:     tr,
@@ -131,9 +137,93 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 				at.err = err
 			},
 		}
+		return b
+	}
+	for _, a := range cfg.fanouts() {
+		u, err := url.Parse(a)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("fanout.addrs: bad URL %q", a)
+		}
+		if net.ParseIP(u.Hostname()) == nil {
+			p.names = append(p.names, u)
+			continue
+		}
+		b := p.newBackend(u)
+		b.origin = u
 		p.backends = append(p.backends, b)
 	}
+	if len(p.names) > 0 {
+		p.refresh(context.Background())
+	}
 	return p, nil
+}
+
+// resolve keeps the replicas behind configured names current until ctx
+// ends.
+func (p *fanoutPool) resolve(ctx context.Context, every time.Duration) {
+	if len(p.names) == 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.refresh(ctx)
+		}
+	}
+}
+
+// refresh resolves every configured name and replaces its replicas, keeping
+// the backends (and their load) of addresses that remain. A failed lookup
+// keeps the previous replicas.
+func (p *fanoutPool) refresh(ctx context.Context) {
+	p.mu.RLock()
+	byURL := map[string]*backend{}
+	for _, b := range p.backends {
+		byURL[b.url.String()] = b
+	}
+	p.mu.RUnlock()
+	keep := map[string]bool{}
+	var next []*backend
+	for _, b := range byURL {
+		if net.ParseIP(b.origin.Hostname()) != nil {
+			next = append(next, b) // configured as an address
+			keep[b.url.String()] = true
+		}
+	}
+	for _, u := range p.names {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(rctx, u.Hostname())
+		cancel()
+		if err != nil {
+			p.log.Warn("resolving fanout replicas failed; keeping the previous ones", "name", u.Host, "err", err)
+			for _, b := range byURL {
+				if b.origin == u && !keep[b.url.String()] {
+					next = append(next, b)
+					keep[b.url.String()] = true
+				}
+			}
+			continue
+		}
+		sort.Strings(addrs)
+		for _, a := range addrs {
+			ru := *u
+			ru.Host = net.JoinHostPort(a, u.Port())
+			if b, ok := byURL[ru.String()]; ok {
+				next = append(next, b)
+				continue
+			}
+			b := p.newBackend(&ru)
+			b.origin = u
+			next = append(next, b)
+		}
+	}
+	p.mu.Lock()
+	p.backends = next
+	p.mu.Unlock()
 }
 
 // setIdentity replaces every identity header with the user's. Credentials
@@ -160,11 +250,17 @@ func setIdentity(h http.Header, u *User) {
 // replica may have come back; trying it beats failing).
 func (p *fanoutPool) order() []*backend {
 	now := time.Now().UnixNano()
-	n := len(p.backends)
+	p.mu.RLock()
+	backends := p.backends
+	p.mu.RUnlock()
+	n := len(backends)
+	if n == 0 {
+		return nil
+	}
 	off := int(p.next.Add(1) % uint64(n))
 	out := make([]*backend, 0, n)
 	for i := range n {
-		out = append(out, p.backends[(off+i)%n])
+		out = append(out, backends[(off+i)%n])
 	}
 	slices.SortStableFunc(out, func(a, b *backend) int {
 		ad, bd := a.down.Load() > now, b.down.Load() > now

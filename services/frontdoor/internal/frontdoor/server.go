@@ -185,6 +185,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 
 // Run reloads changed files until ctx ends.
 func (s *Server) Run(ctx context.Context) {
+	go s.fanout.resolve(ctx, max(s.cfg.FanoutResolve, 100*time.Millisecond))
 	watchFiles(ctx, s.cfg.ReloadInterval, s.checks...)
 }
 
