@@ -47,6 +47,9 @@ type Workload struct {
 	// WritesPerSec into etcd, for Duration.
 	WritesPerSec int
 	Duration     time.Duration
+	// Warmup writes at the same rate before the measured Duration; their
+	// events are not counted.
+	Warmup time.Duration
 }
 
 // Target is a system under test.

@@ -81,7 +81,7 @@ func (rp *Report) Write(w io.Writer) {
 	p("- Herald: the whole stack of `make run` (integration/stack): embedded etcd 3.7.3 and NATS JetStream in one host process, ingest, cache, fanout and frontdoor each their own process; clients go through frontdoor (HTTPS, HTTP/2).\n")
 	p("- kube-apiserver: v1.37.2 built from k8s.io/kubernetes (integration/bench/kubeapiserver), `--storage-media-type=application/json`, watch cache on (default), `--authorization-mode=AlwaysAllow`, static tokens, against its own embedded etcd 3.7.3 configured as Herald's (a fresh one, so that neither system's background writes or watches land on the other's etcd CPU).\n")
 	p("- Load: one client process (this machine, same 2 cores) writes pods of ~1.2 KB JSON straight into etcd (`/registry/pods/<ns>/<name>`) at W writes/s for the stated time, cycling over 5,000 pods (pod i on node-<i mod 5000>); every pod carries its write time in the `%s` annotation. Watchers are opened before the writes from the same revision over HTTP/2 (one TLS connection carries up to the server's stream limit), each with its own bearer token user (broadcast: 10 users; kubelet-like: one user per node, `fieldSelector=spec.nodeName=node-<i>`), all in group system:masters.\n", WrittenAtAnnotation)
-	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) between no watchers and all watchers open and idle, divided by the watchers.\n\n")
+	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). A stream the server closes is resumed from the last resourceVersion received, as client-go's reflector does, and counted. Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) between no watchers and all watchers open and idle, divided by the watchers.\n\n")
 	if rp.KubeNote != "" {
 		p("**kube-apiserver baseline not measured:** %s\n\n", rp.KubeNote)
 	}
@@ -94,7 +94,7 @@ func (rp *Report) Write(w io.Writer) {
 		if wl.Kubelet {
 			kind = "kubelet-like (one spec.nodeName each)"
 		}
-		p("### %s: %d %s watchers, %d writes/s for %s\n\n", wl.Name, wl.Watchers, kind, wl.WritesPerSec, wl.Duration)
+		p("### %s: %d %s watchers, %d writes/s for %s (after %s of warm-up)\n\n", wl.Name, wl.Watchers, kind, wl.WritesPerSec, wl.Duration, wl.Warmup)
 		p("| | Herald | kube-apiserver | ratio |\n|---|---:|---:|---:|\n")
 		row := func(name string, f func(r *Result) float64, format string) {
 			hs, ks, ratio := "not measured", "not measured", "–"
@@ -124,7 +124,8 @@ func (rp *Report) Write(w io.Writer) {
 		row("deliveries (expected)", func(r *Result) float64 { return float64(r.Deliveries) }, "%.0f")
 		row("missing events", func(r *Result) float64 { return float64(r.Missing) }, "%.0f")
 		row("duplicate events", func(r *Result) float64 { return float64(r.Duplicates) }, "%.0f")
-		row("streams ended early", func(r *Result) float64 { return float64(r.Ended) }, "%.0f")
+		row("streams closed by the server (resumed)", func(r *Result) float64 { return float64(r.Resumes) }, "%.0f")
+		row("streams ended for good", func(r *Result) float64 { return float64(r.Ended) }, "%.0f")
 		row("server CPU (ms, whole stack)", func(r *Result) float64 { return r.ServerCPU }, "%.0f")
 		row("CPU per 1,000 deliveries (ms)", (*Result).CPUPer1000, "%.2f")
 		row("load client CPU (ms)", func(r *Result) float64 { return r.ClientCPU }, "%.0f")

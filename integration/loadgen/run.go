@@ -18,7 +18,8 @@ type Result struct {
 	Target, Workload string
 	Watchers         int // streams that opened
 	OpenFailures     int
-	Ended            int    // streams that ended before the run did
+	Ended            int    // streams that ended for good before the run did
+	Resumes          int    // streams the server closed and the watcher resumed
 	FirstError       string `json:",omitempty"`
 	Writes           int
 	WriteTime        time.Duration // first write to the last write's answer
@@ -126,7 +127,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 				close(ws[i].done)
 				return
 			}
-			go ws[i].read(wctx, resp.Body)
+			go ws[i].run(wctx, r.HTTP, t.BaseURL, t.Token(i), rev0, resp.Body)
 		}()
 	}
 	wg.Wait()
@@ -142,6 +143,16 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / float64(max(res.Watchers, 1))
 	}
 
+	// Warm up: the same writes for a few seconds, not measured, so that
+	// servers that size per-watcher buffers from the recent event rate
+	// (kube-apiserver's cacher: about a second of history) see the rate.
+	if w.Warmup > 0 {
+		warm, err := r.Pods.WriteFor(ctx, r.Etcd, w.WritesPerSec, w.Warmup, r.next)
+		r.next += len(warm)
+		if err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
 	// Write, measuring CPU from the first write to the last delivery.
 	cpu0 := r.cpu()
 	start := time.Now()
@@ -206,13 +217,24 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 
 	// Check every watcher against the writes it should have seen.
 	var lat []int32
+	from := int64(0)
+	if len(all) > 0 {
+		from = all[0]
+	}
 	for _, x := range ws {
+		// Only the measured writes count; drop the warm-up's events.
+		i := 0
+		for i < len(x.revs) && x.revs[i] < from {
+			i++
+		}
+		x.revs, x.lat = x.revs[i:], x.lat[i:]
 		if x.err != nil && !x.openFailed {
 			res.Ended++
 			if res.FirstError == "" {
 				res.FirstError = x.err.Error()
 			}
 		}
+		res.Resumes += x.resumes
 		e := expect(x)
 		res.Expected += len(e)
 		res.Deliveries += len(x.revs)
@@ -292,7 +314,7 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 
 // String is a one-line summary for logs.
 func (r *Result) String() string {
-	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended), %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
-		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
+	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes), %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
+		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
 		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU)
 }

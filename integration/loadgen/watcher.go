@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,6 +23,7 @@ type watcher struct {
 	lastAt     atomic.Int64
 	err        error // why the stream ended before it was cancelled
 	openFailed bool
+	resumes    int // streams the server closed, resumed from the last revision
 	done       chan struct{}
 }
 
@@ -65,9 +65,36 @@ func (w *watcher) open(ctx context.Context, c *http.Client, base, token string, 
 	}
 }
 
-// read consumes the stream until it ends or ctx is cancelled.
-func (w *watcher) read(ctx context.Context, body io.ReadCloser) {
+// run consumes the stream until ctx is cancelled. When the server closes
+// it, run resumes from the last revision received, as client-go's
+// reflector does, and counts the resume; an ERROR event or a failed resume
+// ends it.
+func (w *watcher) run(ctx context.Context, c *http.Client, base, token string, rev0 int64, body io.ReadCloser) {
 	defer close(w.done)
+	for {
+		closedByServer := w.read(ctx, body)
+		if ctx.Err() != nil || !closedByServer {
+			return
+		}
+		w.resumes++
+		from := w.last.Load()
+		if from == 0 {
+			from = rev0
+		}
+		resp, err := w.open(ctx, c, base, token, from, time.Now().Add(30*time.Second))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.err = fmt.Errorf("resume from %d: %w", from, err)
+			}
+			return
+		}
+		body = resp.Body
+	}
+}
+
+// read consumes one response body; true means the server ended it without
+// an error event (resumable).
+func (w *watcher) read(ctx context.Context, body io.ReadCloser) (closedByServer bool) {
 	defer body.Close()
 	br := bufio.NewReaderSize(body, 4096)
 	var long []byte
@@ -82,18 +109,11 @@ func (w *watcher) read(ctx context.Context, body io.ReadCloser) {
 			line = long
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				w.err = fmt.Errorf("stream ended: %w", err)
-				if errors.Is(err, io.EOF) {
-					w.err = errors.New("stream closed by the server")
-				}
-			}
-			return
+			return ctx.Err() == nil
 		}
-		now := time.Now()
-		if e := w.event(line, now); e != nil {
+		if e := w.event(line, time.Now()); e != nil {
 			w.err = e
-			return
+			return false
 		}
 	}
 }

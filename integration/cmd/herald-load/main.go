@@ -54,7 +54,8 @@ func main() {
 	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "Report file.")
 	flag.StringVar(&o.dir, "dir", "", "Work directory for state, logs and profiles (empty: a temporary one, removed afterwards).")
-	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Writes per workload.")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per workload.")
+	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: all).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.Parse()
@@ -67,7 +68,7 @@ func main() {
 
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
-	duration                                       time.Duration
+	duration, warmup                               time.Duration
 }
 
 const (
@@ -81,9 +82,9 @@ func run(o options) error {
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	workloads := []loadgen.Workload{
-		{Name: "broadcast-1000x100", Watchers: 1000, WritesPerSec: 100, Duration: o.duration},
-		{Name: "broadcast-1000x200", Watchers: 1000, WritesPerSec: 200, Duration: o.duration},
-		{Name: "kubelet-5000x200", Watchers: numKubelets, Kubelet: true, WritesPerSec: 200, Duration: o.duration},
+		{Name: "broadcast-1000x100", Watchers: 1000, WritesPerSec: 100, Duration: o.duration, Warmup: o.warmup},
+		{Name: "broadcast-1000x200", Watchers: 1000, WritesPerSec: 200, Duration: o.duration, Warmup: o.warmup},
+		{Name: "kubelet-5000x200", Watchers: numKubelets, Kubelet: true, WritesPerSec: 200, Duration: o.duration, Warmup: o.warmup},
 	}
 	if o.only != "" {
 		var keep []loadgen.Workload
@@ -307,6 +308,11 @@ func targets(rp *loadgen.Report) []string {
 			}
 		}
 		if h == nil || k == nil {
+			continue
+		}
+		if k.Deliveries == 0 || h.Deliveries == 0 {
+			out = append(out, fmt.Sprintf("%s: not comparable: Herald delivered %d, kube-apiserver %d of %d/%d expected events in the measured window.", w.Name,
+				h.Deliveries, k.Deliveries, h.Expected, k.Expected))
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms (target: no worse): %s.", w.Name,
