@@ -59,3 +59,12 @@ func TestWatcherEvent(t *testing.T) {
 		t.Fatalf("pod layout: %s, %s", p.value(2, at), p.Node(4))
 	}
 }
+
+// make bench regenerates the report but keeps the hand-written analysis.
+func TestReportKeepsAnalysis(t *testing.T) {
+	var b strings.Builder
+	(&Report{Analysis: "p99 is high because\nthe machine was busy."}).Write(&b)
+	if got := KeptAnalysis([]byte(b.String())); got != "p99 is high because\nthe machine was busy." {
+		t.Fatalf("kept analysis %q", got)
+	}
+}
