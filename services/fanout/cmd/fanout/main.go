@@ -102,6 +102,14 @@ func run() error {
 		srv.Shutdown(sctx)
 	}()
 	log.Info("fanout starting", "http", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.CacheAddr)
+	// HTTP/2 (h2c in plaintext) lets frontdoor carry many watches over one
+	// connection: per-connection HTTP/1.1 buffers would cost every idle
+	// watcher ~11 KB.
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetHTTP2(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
 	serve := func() error { return srv.Serve(ln) }
 	if cfg.HTTPTLS.Enabled() {
 		tc, err := cfg.HTTPTLS.Config()

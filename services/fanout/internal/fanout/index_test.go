@@ -112,9 +112,9 @@ func BenchmarkDispatchKubelets(b *testing.B) {
 					b.Fatalf("queued to %d watchers, want 1", n)
 				}
 				h.mu.Unlock()
-				w := ws[i%nodes]
-				q := <-w.q
-				w.dequeued(q)
+				if got := ws[i%nodes].take(nil); len(got) != 1 {
+					b.Fatalf("watcher has %d queued", len(got))
+				}
 			}
 		})
 	}

@@ -435,6 +435,22 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			s.m.terminated.WithLabelValues(st.res.ID(), reason).Inc()
 		}
 	}()
+	var batch []queued
+	// drain writes everything queued (one flush for the whole batch) and
+	// keeps the batch's buffer only if it is small: an idle watcher should
+	// hold none.
+	drain := func() {
+		batch = wt.take(batch)
+		for i, q := range batch {
+			if st.err == nil {
+				st.event(q.it, q.t)
+			}
+			batch[i] = queued{}
+		}
+		if cap(batch) > 64 {
+			batch = nil
+		}
+	}
 	for st.err == nil {
 		select {
 		case <-ctx.Done():
@@ -443,34 +459,19 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			// Deliver what was queued before the overflow (within the
 			// close grace), then end the stream: the client resumes after
 			// the last event it received.
-			s.drain(st, wt, -1)
+			drain()
 			st.flush()
 			return
-		case q := <-wt.q:
-			wt.dequeued(q)
-			st.event(q.it, q.t)
-			s.drain(st, wt, 256)
+		case <-wt.wake:
+			drain()
 			st.flush()
 		case <-tick:
 			// Everything up to the hub's head has been queued; write it,
 			// then the bookmark.
 			head := h.head.Load()
-			s.drain(st, wt, -1)
+			drain()
 			st.raw(bookmarkLine(st.res, max(head, st.last), false))
 			st.flush()
-		}
-	}
-}
-
-// drain writes up to n (all, when n < 0) queued events without blocking.
-func (s *Server) drain(st *stream, wt *watcher, n int) {
-	for i := 0; n < 0 || i < n; i++ {
-		select {
-		case q := <-wt.q:
-			wt.dequeued(q)
-			st.event(q.it, q.t)
-		default:
-			return
 		}
 	}
 }

@@ -94,7 +94,7 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		h.mu.Lock()
 		n, depth := h.watchers.n, 0
 		h.watchers.every(func(w *watcher) {
-			depth += len(w.q)
+			depth += w.queued()
 		})
 		h.mu.Unlock()
 		ch <- prometheus.MustNewConstMetric(hubRevisionDesc, prometheus.GaugeValue, float64(h.head.Load()), id)

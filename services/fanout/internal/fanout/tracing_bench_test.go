@@ -84,8 +84,7 @@ func BenchmarkEventTracing(b *testing.B) {
 					end()
 				}
 				for _, w := range ws[:10] {
-					q := <-w.q
-					w.dequeued(q)
+					w.take(nil)
 				}
 			}
 		})

@@ -28,8 +28,16 @@ type watcher struct {
 	// after: the watcher has been given every event up to this revision
 	// before joining the hub; dispatch skips those. Written before join,
 	// read under the hub's lock.
-	after    int64
-	q        chan queued
+	after int64
+
+	// The queue grows only while events are pending: an idle watcher holds
+	// no buffer (a preallocated channel of the queue's size would cost every
+	// idle watcher ~16 KB). wake (capacity 1) tells the writer there is
+	// something to take.
+	mu       sync.Mutex
+	pending  []queued
+	max      int
+	wake     chan struct{}
 	maxBytes int64
 	bytes    atomic.Int64
 
@@ -43,7 +51,7 @@ type watcher struct {
 }
 
 func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
-	return &watcher{sel: sel, q: make(chan queued, events), maxBytes: int64(bytes), done: make(chan struct{})}
+	return &watcher{sel: sel, max: events, wake: make(chan struct{}, 1), maxBytes: int64(bytes), done: make(chan struct{})}
 }
 
 // enqueue hands the watcher one event; false means the watcher is closed.
@@ -53,17 +61,43 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 		w.close(reasonQueueBytes)
 		return false
 	}
-	select {
-	case w.q <- queued{it, t}:
-		return true
-	default:
+	w.mu.Lock()
+	if len(w.pending) >= w.max {
+		w.mu.Unlock()
 		w.close(reasonQueueFull)
 		return false
 	}
+	w.pending = append(w.pending, queued{it, t})
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return true
 }
 
-// dequeued accounts for a written event.
-func (w *watcher) dequeued(q queued) { w.bytes.Add(-int64(len(q.it.object(q.t)))) }
+// take returns everything queued, in order, and gives the queue reuse
+// (emptied) for its next batch. The byte budget is released as the events
+// are handed over.
+func (w *watcher) take(reuse []queued) []queued {
+	w.mu.Lock()
+	batch := w.pending
+	w.pending = reuse[:0]
+	w.mu.Unlock()
+	var n int64
+	for _, q := range batch {
+		n += int64(len(q.it.object(q.t)))
+	}
+	w.bytes.Add(-n)
+	return batch
+}
+
+// queued is the number of events waiting.
+func (w *watcher) queued() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pending)
+}
 
 func (w *watcher) close(reason string) {
 	w.once.Do(func() {

@@ -25,7 +25,7 @@ var (
 
 func fuzzHandler(t testing.TB) *Server {
 	fuzzOnce.Do(func() {
-		fan := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("{}\n")) }))
+		fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("{}\n")) }))
 		fuzzServer, _ = testServer(t, fan.URL, nil)
 	})
 	return fuzzServer

@@ -209,3 +209,14 @@ func statusOf(t testing.TB, b []byte) (int32, string, string) {
 }
 
 func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOnError) }
+
+// newFanoutFake is a stand-in fanout replica speaking what the real one
+// does: HTTP/1.1 and HTTP/2 without TLS (h2c).
+func newFanoutFake(h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	return srv
+}

@@ -95,13 +95,13 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		TLSClientConfig:       tlsCfg,
 		TLSHandshakeTimeout:   cfg.FanoutDialTimeout,
 		ResponseHeaderTimeout: cfg.FanoutResponseTimeout,
-		// One connection per watch: watches are long-lived, so a dial per
-		// watch costs nothing, and a new connection is what lets DNS or
-		// kube-proxy place a new watch on a newly scaled-out replica (reused
-		// idle connections, or one multiplexed HTTP/2 connection, would pin
-		// every watch to the replicas that existed first).
-		DisableKeepAlives: true,
-		ForceAttemptHTTP2: false,
+		// Watches to one replica share HTTP/2 connections (h2c in
+		// plaintext): per-connection buffers would otherwise cost every
+		// watch. Spreading does not depend on connections: the pool picks
+		// the replica (by address) for every watch.
+		Protocols:           fanoutProtocols(),
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
 		// Watches are already compressed or not by the client's choice; the
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
@@ -293,6 +293,13 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User) {
 		}
 	}
 	kube.WriteStatus(w, errUnavailable("no watch server is reachable, please try again"))
+}
+
+func fanoutProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 // ClientTLSConfig is the client side of mutual TLS to an internal service

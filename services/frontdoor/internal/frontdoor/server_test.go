@@ -12,7 +12,7 @@ import (
 // verb, resource and namespace, with kube-apiserver's codes and messages.
 func TestAuthorization(t *testing.T) {
 	var watches atomic.Int64
-	fan := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		watches.Add(1)
 		w.Write([]byte(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"7"}}}` + "\n"))
 	}))
