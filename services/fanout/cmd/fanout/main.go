@@ -104,12 +104,15 @@ func run() error {
 	log.Info("fanout starting", "http", ln.Addr().String(), "admin", admin.Addr(), "cache", cfg.CacheAddr)
 	// HTTP/2 (h2c in plaintext) lets frontdoor carry many watches over one
 	// connection: per-connection HTTP/1.1 buffers would cost every idle
-	// watcher ~11 KB.
+	// watcher ~11 KB. At most 100 streams a connection, though: each
+	// connection has one writer, and 1,000 broadcast watchers on a single one
+	// measured p99 9.3 s against 1.6 s with 100 (herald-load
+	// broadcast-1000x100).
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetHTTP2(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
+	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 100}
 	serve := func() error { return srv.Serve(ln) }
 	if cfg.HTTPTLS.Enabled() {
 		tc, err := cfg.HTTPTLS.Config()
