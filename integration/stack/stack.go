@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -597,15 +598,32 @@ func ensureToken(path string) (string, error) {
 }
 
 // freeAddr returns a loopback address with a port that was free a moment
-// ago.
+// ago. Ports come from below Linux's ephemeral range (32768-60999), so the
+// many outgoing connections of a running stack cannot take one between
+// this check and the service binding it; and no port is handed out twice
+// by this process.
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		port := 20000 + mrand.IntN(12000)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[port] = true
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 func portAllocator(fixed []int) func() string {
 	i := 0
