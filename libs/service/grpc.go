@@ -23,7 +23,7 @@ func DialCache(target string, creds credentials.TransportCredentials, maxRecv in
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(target, append([]grpc.DialOption{
+	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithResolvers(staticBuilder{}),
 		grpc.WithDefaultServiceConfig(cacheServiceConfig),
@@ -36,11 +36,32 @@ func DialCache(target string, creds credentials.TransportCredentials, maxRecv in
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
 		}),
-	}, opts...)...)
+	}
+	// Fixed flow-control windows. With gRPC's dynamic windows, every message
+	// that arrives after a quiet moment triggers a bandwidth-estimation ping
+	// and its ack: on a follow stream that carries one event every few
+	// milliseconds, that is two more frames, writes and wake-ups per event
+	// on both ends.
+	base = append(base, StaticWindows()...)
+	conn, err := grpc.NewClient(target, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cache client for %s: %w", target, err)
 	}
 	return conn, nil
+}
+
+// Flow-control windows of Herald's internal gRPC clients: large enough for
+// a LIST of many megabytes to stream at memory speed, fixed so that no
+// bandwidth-estimation pings are sent (see DialCache).
+const (
+	streamWindow = 4 << 20
+	connWindow   = 16 << 20
+)
+
+// StaticWindows are the dial options that set Herald's fixed flow-control
+// windows; the etcd clients in ingest and cache use them too.
+func StaticWindows() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(streamWindow), grpc.WithStaticConnWindowSize(connWindow)}
 }
 
 // cacheServiceConfig balances round-robin over a shard's replicas and

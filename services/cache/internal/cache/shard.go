@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -193,7 +194,7 @@ func (s *Shard) subjects() []string {
 // marker, or when the stream no longer holds the sequence to resume from.
 func (s *Shard) Run(ctx context.Context) error {
 	var err error
-	s.etcd, err = clientv3.New(clientv3.Config{Endpoints: s.cfg.endpoints(), DialTimeout: s.cfg.EtcdDialTimeout, Context: ctx})
+	s.etcd, err = clientv3.New(clientv3.Config{Endpoints: s.cfg.endpoints(), DialTimeout: s.cfg.EtcdDialTimeout, Context: ctx, DialOptions: service.StaticWindows()})
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}

@@ -13,6 +13,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -134,6 +136,9 @@ func (i *Ingest) Run(ctx context.Context) error {
 		DialTimeout: i.cfg.EtcdDialTimeout,
 		Context:     ctx,
 		Logger:      nil,
+		// One message per revision: fixed windows spare a flow-control
+		// ping per watch response.
+		DialOptions: service.StaticWindows(),
 	})
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
@@ -502,9 +507,11 @@ func (i *Ingest) change(ev *clientv3.Event) *heraldv1.Change {
 	return c
 }
 
+// isJSONObject reports whether b is one valid JSON object. It validates
+// without decoding: ingest only counts bad values, caches parse them.
 func isJSONObject(b []byte) bool {
-	var m map[string]json.RawMessage
-	return json.Unmarshal(b, &m) == nil && m != nil
+	b = bytes.TrimLeft(b, " \t\r\n")
+	return len(b) > 0 && b[0] == '{' && json.Valid(b)
 }
 
 // split groups changes into parts that each fit in one message.
