@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // the host's CPU profile
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,6 +25,9 @@ type HostInfo struct {
 	EtcdEndpoint string `json:"etcd"`
 	// Pid of the host process itself: embedded etcd (and NATS for Herald).
 	Pid int `json:"pid"`
+	// Admin serves /debug/pprof for the host process (its CPU profile splits
+	// etcd from NATS).
+	Admin string `json:"admin"`
 	// Herald only.
 	FrontdoorURL string            `json:"frontdoor,omitempty"`
 	CAFile       string            `json:"caFile,omitempty"`
@@ -42,6 +47,13 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Rea
 		return err
 	}
 	info := HostInfo{Pid: os.Getpid()}
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	go (&http.Server{Handler: http.DefaultServeMux, ReadHeaderTimeout: 10 * time.Second}).Serve(admin) // net/http/pprof's handlers
+	info.Admin = admin.Addr().String()
 	switch mode {
 	case "herald":
 		if tokenFile != "" {

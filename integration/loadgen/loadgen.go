@@ -76,6 +76,9 @@ type Target struct {
 	// IdleProfile, if set, is called with every watcher open and idle
 	// (heap profiles).
 	IdleProfile func(ctx context.Context)
+	// Stages are the target's own latency histograms, in pipeline order,
+	// read over the measured writes (optional).
+	Stages []Stage
 }
 
 // NamedPid is a process to account CPU for.

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +67,21 @@ func TestReportKeepsAnalysis(t *testing.T) {
 	(&Report{Analysis: "p99 is high because\nthe machine was busy."}).Write(&b)
 	if got := KeptAnalysis([]byte(b.String())); got != "p99 is high because\nthe machine was busy." {
 		t.Fatalf("kept analysis %q", got)
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	before := histogram{bounds: []float64{0.001, 0.002, 0.004, math.Inf(1)}, counts: []float64{10, 10, 10, 10}}
+	after := histogram{bounds: before.bounds, counts: []float64{10, 60, 110, 110}}
+	d := after.since(before)
+	// 100 new observations: 50 in (1ms, 2ms], 50 in (2ms, 4ms].
+	if got, want := d.quantile(0.5), 2*time.Millisecond; got != want {
+		t.Errorf("p50 = %v, want %v", got, want)
+	}
+	if got, want := d.quantile(0.99), 3960*time.Microsecond; (got - want).Abs() > time.Microsecond {
+		t.Errorf("p99 = %v, want %v", got, want)
+	}
+	if got := (histogram{}).quantile(0.5); got != 0 {
+		t.Errorf("empty histogram p50 = %v, want 0", got)
 	}
 }

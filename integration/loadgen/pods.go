@@ -82,6 +82,9 @@ func (p *Pods) Load(ctx context.Context, cli *clientv3.Client) (int64, error) {
 type Write struct {
 	Rev int64
 	Pod int32
+	// Took is the Put's round trip: etcd's commit, which every delivery's
+	// latency includes.
+	Took time.Duration
 }
 
 // WriteFor puts pods into etcd at perSec writes per second for d, cycling
@@ -112,12 +115,14 @@ func (p *Pods) WriteFor(ctx context.Context, cli *clientv3.Client, perSec int, d
 					time.Sleep(wait)
 				}
 				pod := (first + k) % p.N
-				resp, err := cli.Put(ctx, p.keys[pod], p.value(pod, time.Now()))
+				at := time.Now()
+				resp, err := cli.Put(ctx, p.keys[pod], p.value(pod, at))
+				took := time.Since(at)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
 				} else {
-					writes = append(writes, Write{Rev: resp.Header.Revision, Pod: int32(pod)})
+					writes = append(writes, Write{Rev: resp.Header.Revision, Pod: int32(pod), Took: took})
 				}
 				mu.Unlock()
 			}

@@ -80,6 +80,7 @@ func (rp *Report) Write(w io.Writer) {
 	p("- Command: `%s`\n", rp.Command)
 	p("- Herald: the whole stack of `make run` (integration/stack): embedded etcd 3.7.3 and NATS JetStream in one host process, ingest, cache, fanout and frontdoor each their own process; clients go through frontdoor (HTTPS, HTTP/2).\n")
 	p("- kube-apiserver: v1.37.2 built from k8s.io/kubernetes (integration/bench/kubeapiserver), `--storage-media-type=application/json`, watch cache on (default), `--authorization-mode=AlwaysAllow`, static tokens, against its own embedded etcd 3.7.3 configured as Herald's (a fresh one, so that neither system's background writes or watches land on the other's etcd CPU).\n")
+	p("- Every workload runs on freshly started systems (Herald's whole stack, then kube-apiserver and its etcd), loaded with the same 5,000 pods: no workload inherits another's backlog or heap.\n")
 	p("- Load: one client process (this machine, same 2 cores) writes pods of ~1.2 KB JSON straight into etcd (`/registry/pods/<ns>/<name>`) at W writes/s for the stated time, cycling over 5,000 pods (pod i on node-<i mod 5000>); every pod carries its write time in the `%s` annotation. Watchers are opened before the writes from the same revision over HTTP/2 (one TLS connection carries up to the server's stream limit), each with its own bearer token user (broadcast: 10 users; kubelet-like: one user per node, `fieldSelector=spec.nodeName=node-<i>`), all in group system:masters.\n", WrittenAtAnnotation)
 	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). A stream the server closes is resumed from the last resourceVersion received, as client-go's reflector does, and counted. Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) between no watchers and all watchers open and idle, divided by the watchers.\n\n")
 	if rp.KubeNote != "" {
@@ -120,6 +121,8 @@ func (rp *Report) Write(w io.Writer) {
 		row("latency p50 (ms)", func(r *Result) float64 { return ms(r.P50) }, "%.1f")
 		row("latency p99 (ms)", func(r *Result) float64 { return ms(r.P99) }, "%.1f")
 		row("latency max (ms)", func(r *Result) float64 { return ms(r.Max) }, "%.1f")
+		row("etcd Put p50 (ms, the writer's; part of every latency)", func(r *Result) float64 { return ms(r.PutP50) }, "%.1f")
+		row("etcd Put p99 (ms)", func(r *Result) float64 { return ms(r.PutP99) }, "%.1f")
 		row("deliveries/s", (*Result).DeliveriesPerSec, "%.0f")
 		row("deliveries (expected)", func(r *Result) float64 { return float64(r.Deliveries) }, "%.0f")
 		row("missing events", func(r *Result) float64 { return float64(r.Missing) }, "%.0f")
@@ -137,6 +140,13 @@ func (rp *Report) Write(w io.Writer) {
 			p("- %s: expected %d deliveries, %d open failures, %d unexpected events; CPU by process (ms): %s; memory per idle watcher: %s.", r.Target, r.Expected, r.OpenFailures, r.Unexpected, kv(r.CPU, "%.0f", 1), memKV(r))
 			if r.FirstError != "" {
 				p(" First error: `%.200s`.", r.FirstError)
+			}
+			if len(r.Stages) > 0 {
+				var st []string
+				for _, s := range r.Stages {
+					st = append(st, fmt.Sprintf("%s p50 %.1f ms, p99 %.1f ms (%d events)", s.Name, ms(s.P50), ms(s.P99), s.Count))
+				}
+				p(" Latency by hop, from the services' own histograms over the measured writes (bucket-interpolated): %s.", strings.Join(st, "; "))
 			}
 			p("\n")
 		}

@@ -30,6 +30,9 @@ type Result struct {
 	Duplicates       int
 	Unexpected       int // events of revisions the writer did not make
 	P50, P99, Max    time.Duration
+	// PutP50, PutP99: the writer's etcd Put round trips (etcd's commit,
+	// part of every latency above).
+	PutP50, PutP99 time.Duration
 	// CPU in milliseconds during Window, per process, and the sum of the
 	// target's processes.
 	CPU       map[string]float64
@@ -39,6 +42,9 @@ type Result struct {
 	// heap in use after GC, and RSS.
 	HeapPerWatcher map[string]float64
 	RSSPerWatcher  map[string]float64
+	// Stages: the target's per-hop latencies over the measured writes
+	// (warm-up excluded; resumed watchers' catch-up included).
+	Stages []StageLatency `json:",omitempty"`
 }
 
 // DeliveriesPerSec over the window.
@@ -64,7 +70,10 @@ type Runner struct {
 	Etcd   *clientv3.Client
 	Pods   *Pods
 	Log    *slog.Logger
-	next   int // next pod to write
+	// Metrics reads the target's Stages (admin ports); nil means
+	// http.DefaultClient.
+	Metrics *http.Client
+	next    int // next pod to write
 }
 
 // Run runs one workload: open the watchers idle (memory), write for
@@ -72,6 +81,9 @@ type Runner struct {
 // watchers and check what each received.
 func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	t := r.Target
+	if r.Metrics == nil {
+		r.Metrics = http.DefaultClient
+	}
 	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{},
 		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}}
 	cur, err := r.Etcd.Get(ctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -154,6 +166,14 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 	}
 	// Write, measuring CPU from the first write to the last delivery.
+	stages0 := make([]histogram, len(t.Stages))
+	for i, st := range t.Stages {
+		h, err := readHistogram(ctx, r.Metrics, st)
+		if err != nil {
+			r.Log.Warn("stage latency not measured", "stage", st.Name, "err", err)
+		}
+		stages0[i] = h
+	}
 	cpu0 := r.cpu()
 	start := time.Now()
 	if t.Profile != nil {
@@ -163,6 +183,14 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	res.WriteTime = time.Since(start)
 	r.next += len(writes)
 	res.Writes = len(writes)
+	if n := len(writes); n > 0 {
+		took := make([]time.Duration, n)
+		for i, wr := range writes {
+			took[i] = wr.Took
+		}
+		slices.Sort(took)
+		res.PutP50, res.PutP99 = took[n/2], took[min(n*99/100, n-1)]
+	}
 	slices.SortFunc(writes, func(a, b Write) int { return int(a.Rev - b.Rev) })
 	byNode := map[int][]int64{}
 	var all []int64
@@ -210,6 +238,14 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	}
 	res.ClientCPU = res.CPU["client"]
 	delete(res.CPU, "client")
+	for i, st := range t.Stages {
+		h, err := readHistogram(ctx, r.Metrics, st)
+		if err != nil || len(stages0[i].counts) == 0 {
+			continue
+		}
+		d := h.since(stages0[i])
+		res.Stages = append(res.Stages, StageLatency{Name: st.Name, Count: uint64(d.counts[len(d.counts)-1]), P50: d.quantile(0.5), P99: d.quantile(0.99)})
+	}
 	cancel()
 	for _, x := range ws {
 		<-x.done
@@ -316,5 +352,5 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 func (r *Result) String() string {
 	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes), %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
 		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
-		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU)
+		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.Stages)
 }

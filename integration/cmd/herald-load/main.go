@@ -140,7 +140,8 @@ func run(o options) error {
 		return func(i int) string { return fmt.Sprintf("%s-controller-%d", prefix, i%numUsers) }
 	}
 	pods := loadgen.NewPods(numPods, numKubelets)
-	pki, err := stack.EnsurePKI(filepath.Join(o.dir, "herald", "pki")) // the stack uses it too
+	pkiDir := filepath.Join(o.dir, "pki") // every Herald stack of the run uses it too
+	pki, err := stack.EnsurePKI(pkiDir)
 	if err != nil {
 		return err
 	}
@@ -150,130 +151,152 @@ func run(o options) error {
 	}
 	profDir := filepath.Join(o.dir, "profiles")
 	os.MkdirAll(profDir, 0o755)
+	plain := &http.Client{} // admin ports: metrics and profiles
 	want := func(s string) bool { return strings.Contains(","+o.systems+",", ","+s+",") }
 
-	// Herald.
-	if want("herald") {
-		err := func() error {
-			h, info, err := startHost(ctx, "herald", filepath.Join(o.dir, "herald"), o.binDir, tokenFile)
-			if err != nil {
-				return err
-			}
-			defer h.stop()
-			etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
-			if err != nil {
-				return err
-			}
-			defer etcd.Close()
-			if _, err := pods.Load(ctx, etcd); err != nil {
-				return err
-			}
-			t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, CAFile: info.CAFile, AdminToken: admin,
-				CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
-			for name, pid := range info.Procs {
-				t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
-			}
-			plain := &http.Client{}
-			for _, name := range []string{"fanout-0", "frontdoor-0"} {
-				t.Mem = append(t.Mem, loadgen.MemProc{Name: name, Pid: info.Procs[name], Heap: loadgen.HeapFromMetrics(plain, "http://"+info.Admins[name], "")})
-			}
-			t.OpenWatches = func(ctx context.Context) (float64, error) {
-				return loadgen.MetricSum(ctx, plain, "http://"+info.Admins["fanout-0"], "", "herald_fanout_watchers")
-			}
-			for _, w := range workloads {
-				t.Token = token(w)
-				t.Profile = func(ctx context.Context, d time.Duration) {
-					for _, name := range []string{"fanout-0", "frontdoor-0"} {
-						go profile(ctx, plain, "http://"+info.Admins[name], d, filepath.Join(profDir, w.Name+"-"+name+".pprof"))
-					}
-				}
-				t.IdleProfile = func(ctx context.Context) {
-					for _, name := range []string{"fanout-0", "frontdoor-0"} {
-						body, err := loadgen.Get(ctx, plain, "http://"+info.Admins[name]+"/debug/pprof/heap?gc=1", "")
-						if err == nil {
-							os.WriteFile(filepath.Join(profDir, w.Name+"-"+name+".heap"), body, 0o644)
-						}
-					}
-				}
-				r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
-				res, err := r.Run(ctx, w)
-				if res != nil {
-					log.Info(res.String())
-					rp.Herald[w.Name] = res
-				}
-				if err != nil {
-					log.Error("workload", "target", "Herald", "workload", w.Name, "err", err)
-				}
-				time.Sleep(3 * time.Second) // profiles finish, watchers are gone
-			}
-			return nil
-		}()
-		if err != nil {
-			return fmt.Errorf("herald: %w", err)
+	// Each workload runs on freshly started systems, Herald then
+	// kube-apiserver, so that no workload inherits another's backlog, heap
+	// or resumed watchers, and both systems see the machine at about the
+	// same time.
+	heraldRun := func(w loadgen.Workload) error {
+		dir := filepath.Join(o.dir, "herald-"+w.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
 		}
+		if err := os.Symlink(pkiDir, filepath.Join(dir, "pki")); err != nil && !os.IsExist(err) {
+			return err
+		}
+		h, info, err := startHost(ctx, "herald", dir, o.binDir, tokenFile)
+		if err != nil {
+			return err
+		}
+		defer h.stop()
+		etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer etcd.Close()
+		if _, err := pods.Load(ctx, etcd); err != nil {
+			return err
+		}
+		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
+			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
+		for name, pid := range info.Procs {
+			t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
+		}
+		for _, name := range []string{"fanout-0", "frontdoor-0"} {
+			t.Mem = append(t.Mem, loadgen.MemProc{Name: name, Pid: info.Procs[name], Heap: loadgen.HeapFromMetrics(plain, "http://"+info.Admins[name], "")})
+		}
+		t.OpenWatches = func(ctx context.Context) (float64, error) {
+			return loadgen.MetricSum(ctx, plain, "http://"+info.Admins["fanout-0"], "", "herald_fanout_watchers")
+		}
+		t.Stages = []loadgen.Stage{
+			{Name: "ingest JetStream append, until acked", URL: "http://" + info.Admins["ingest-0"] + "/metrics", Metric: "herald_ingest_publish_duration_seconds"},
+			{Name: "cache applied, since ingest received it from etcd", URL: "http://" + info.Admins["cache-0"] + "/metrics", Metric: "herald_cache_apply_latency_seconds"},
+			{Name: "fanout wrote it to the watcher, since ingest received it", URL: "http://" + info.Admins["fanout-0"] + "/metrics", Metric: "herald_event_delivery_latency_seconds"},
+		}
+		admins := map[string]string{"etcd+nats": info.Admin}
+		for name, a := range info.Admins {
+			admins[name] = a
+		}
+		t.Profile = func(ctx context.Context, d time.Duration) {
+			for name, a := range admins {
+				go profile(ctx, plain, "http://"+a, "", d, filepath.Join(profDir, w.Name+"-"+name+".pprof"))
+			}
+		}
+		t.IdleProfile = func(ctx context.Context) {
+			for _, name := range []string{"fanout-0", "frontdoor-0"} {
+				body, err := loadgen.Get(ctx, plain, "http://"+info.Admins[name]+"/debug/pprof/heap?gc=1", "")
+				if err == nil {
+					os.WriteFile(filepath.Join(profDir, w.Name+"-"+name+".heap"), body, 0o644)
+				}
+			}
+		}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log, Metrics: plain}
+		res, err := r.Run(ctx, w)
+		if res != nil {
+			log.Info(res.String())
+			rp.Herald[w.Name] = res
+		}
+		if err != nil {
+			log.Error("workload", "target", "Herald", "workload", w.Name, "err", err)
+		}
+		time.Sleep(3 * time.Second) // profiles finish
+		return nil
 	}
-
-	// kube-apiserver.
+	kubeRun := func(w loadgen.Workload) error {
+		h, info, err := startHost(ctx, "etcd", filepath.Join(o.dir, "kube-"+w.Name), "", "")
+		if err != nil {
+			return err
+		}
+		defer h.stop()
+		etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer etcd.Close()
+		if _, err := pods.Load(ctx, etcd); err != nil {
+			return err
+		}
+		k, err := loadgen.StartKubeAPIServer(ctx, o.kube, filepath.Join(o.dir, "kube-"+w.Name), info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
+		if err != nil {
+			return err
+		}
+		defer k.Stop()
+		t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin, Token: token(w),
+			CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
+			Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
+			OpenWatches: func(ctx context.Context) (float64, error) {
+				return loadgen.MetricSum(ctx, httpc, k.URL, admin, "apiserver_longrunning_requests", `resource="pods"`, `verb="WATCH"`)
+			},
+			Profile: func(ctx context.Context, d time.Duration) {
+				go profile(ctx, plain, "http://"+info.Admin, "", d, filepath.Join(profDir, w.Name+"-kube-etcd.pprof"))
+				go profile(ctx, httpc, k.URL, admin, d, filepath.Join(profDir, w.Name+"-kube-apiserver.pprof"))
+			}}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
+		res, err := r.Run(ctx, w)
+		if res != nil {
+			log.Info(res.String())
+			rp.Kube[w.Name] = res
+		}
+		if err != nil {
+			log.Error("workload", "target", "kube-apiserver", "workload", w.Name, "err", err)
+		}
+		time.Sleep(3 * time.Second)
+		return nil
+	}
 	switch {
 	case !want("kube-apiserver"):
 		rp.KubeNote = "not requested (-systems)."
 	case o.kube == "":
 		rp.KubeNote = "no kube-apiserver binary given (-kube-apiserver)."
-	default:
-		err := func() error {
-			h, info, err := startHost(ctx, "etcd", filepath.Join(o.dir, "kube"), "", "")
-			if err != nil {
-				return err
+	}
+	for _, w := range workloads {
+		if want("herald") {
+			if err := heraldRun(w); err != nil {
+				return fmt.Errorf("herald: %w", err)
 			}
-			defer h.stop()
-			etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
-			if err != nil {
-				return err
+		}
+		if rp.KubeNote == "" {
+			if err := kubeRun(w); err != nil {
+				rp.KubeNote = err.Error()
+				log.Error("kube-apiserver baseline", "err", err)
 			}
-			defer etcd.Close()
-			if _, err := pods.Load(ctx, etcd); err != nil {
-				return err
-			}
-			k, err := loadgen.StartKubeAPIServer(ctx, o.kube, filepath.Join(o.dir, "kube"), info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
-			if err != nil {
-				return err
-			}
-			defer k.Stop()
-			t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin,
-				CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
-				Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
-				OpenWatches: func(ctx context.Context) (float64, error) {
-					return loadgen.MetricSum(ctx, httpc, k.URL, admin, "apiserver_longrunning_requests", `resource="pods"`, `verb="WATCH"`)
-				}}
-			for _, w := range workloads {
-				t.Token = token(w)
-				r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
-				res, err := r.Run(ctx, w)
-				if res != nil {
-					log.Info(res.String())
-					rp.Kube[w.Name] = res
-				}
-				if err != nil {
-					log.Error("workload", "target", "kube-apiserver", "workload", w.Name, "err", err)
-				}
-				time.Sleep(3 * time.Second)
-			}
-			return nil
-		}()
-		if err != nil {
-			rp.KubeNote = err.Error()
-			log.Error("kube-apiserver baseline", "err", err)
 		}
 	}
 
 	rp.Notes = targets(rp)
 	for _, w := range workloads {
-		for _, name := range []string{"fanout-0", "frontdoor-0"} {
+		for _, name := range []string{"fanout-0", "frontdoor-0", "etcd+nats", "ingest-0", "cache-0", "kube-apiserver", "kube-etcd"} {
 			f := filepath.Join(profDir, w.Name+"-"+name+".pprof")
 			if _, err := os.Stat(f); err != nil {
 				continue
 			}
-			top, err := loadgen.PprofTop(f, 25)
+			n := 25
+			if !strings.HasPrefix(name, "f") {
+				n = 15 // the per-write pipeline and the baseline: shorter
+			}
+			top, err := loadgen.PprofTop(f, n)
 			if err != nil {
 				log.Warn("pprof", "err", err)
 				continue
@@ -342,9 +365,9 @@ func trimPprof(s string) string {
 	return strings.Join(keep, "\n")
 }
 
-// profile saves a CPU profile of d from a service's admin server.
-func profile(ctx context.Context, c *http.Client, admin string, d time.Duration, file string) {
-	body, err := loadgen.Get(ctx, c, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", admin, int(d.Seconds())), "")
+// profile saves a CPU profile of d from a server's /debug/pprof.
+func profile(ctx context.Context, c *http.Client, base, token string, d time.Duration, file string) {
+	body, err := loadgen.Get(ctx, c, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(d.Seconds())), token)
 	if err == nil {
 		os.WriteFile(file, body, 0o644)
 	}
