@@ -32,8 +32,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
-	"herald.dev/libs/service"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/service"
 )
 
 type metrics struct {
