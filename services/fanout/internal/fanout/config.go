@@ -20,6 +20,7 @@ type Config struct {
 	CacheTLS         service.ClientTLS
 	AdminAddr        string
 	RingSize         int
+	RingBytes        int
 	QueueEvents      int
 	QueueBytes       int
 	MaxWatchers      int
@@ -40,7 +41,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.HTTPTLS.RegisterFlags(fs, "http")
 	c.CacheTLS.RegisterFlags(fs, "cache", "the cache")
 	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9200", "Address of the admin server (/livez, /readyz, /metrics).")
-	fs.IntVar(&c.RingSize, "ring-size", 2048, "Recent events kept per resource for watchers that join or resume.")
+	fs.IntVar(&c.RingSize, "ring-size", 10240, "Recent events kept per resource for watchers that join or resume (at 200 writes/s, about 50 s).")
+	fs.IntVar(&c.RingBytes, "ring-bytes", 64<<20, "Bound on the memory of one resource's recent events (objects and their encodings, estimated).")
 	fs.IntVar(&c.QueueEvents, "watcher.queue-events", 1000, "Events queued per watcher before it is closed as too slow.")
 	fs.IntVar(&c.QueueBytes, "watcher.queue-bytes", 16<<20, "Bytes queued per watcher before it is closed as too slow.")
 	fs.IntVar(&c.MaxWatchers, "max-watchers", 20000, "Watchers per replica; more get 429.")
@@ -68,8 +70,8 @@ func (c *Config) Validate() error {
 	if c.CacheAddr == "" {
 		errs = append(errs, errors.New("cache.addr is empty"))
 	}
-	if c.RingSize < 1 || c.QueueEvents < 1 || c.QueueBytes < 1 || c.MaxWatchers < 1 {
-		errs = append(errs, errors.New("ring-size, watcher.queue-events, watcher.queue-bytes and max-watchers must be positive"))
+	if c.RingSize < 1 || c.RingBytes < 1 || c.QueueEvents < 1 || c.QueueBytes < 1 || c.MaxWatchers < 1 {
+		errs = append(errs, errors.New("ring-size, ring-bytes, watcher.queue-events, watcher.queue-bytes and max-watchers must be positive"))
 	}
 	if c.BookmarkInterval <= 0 || c.MinTimeout <= 0 || c.MaxTimeout < c.MinTimeout {
 		errs = append(errs, errors.New("bookmark-interval and watch timeouts must be positive, min <= max"))

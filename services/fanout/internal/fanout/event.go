@@ -26,6 +26,13 @@ type item struct {
 
 func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }
 
+// cost estimates the memory an item holds in the ring: its objects as
+// received, about as much again once encoded for watchers, and the labels,
+// fields and bookkeeping.
+func (it *item) cost() int {
+	return 2*(len(it.ev.Object)+len(it.ev.PrevObject)) + 512
+}
+
 var typeNames = [...]string{kube.AsAdded: "ADDED", kube.AsModified: "MODIFIED", kube.AsDeleted: "DELETED", kube.AsDeletedPrev: "DELETED"}
 
 func kindOf(t heraldv1.EventType) string {

@@ -36,11 +36,12 @@ type hub struct {
 	tracer trace.Tracer // nil: tracing off
 	log    *slog.Logger
 	m      *metrics
-	size   int
+	limits ringLimits
 	synced chan struct{} // closed once every shard's stream has started
 
 	mu        sync.Mutex
 	ring      []*item
+	ringBytes int // sum of the ring's items' cost
 	ringStart int64
 	head      atomic.Int64
 	watchers  watcherIndex
@@ -49,8 +50,14 @@ type hub struct {
 	isSynced bool
 }
 
-func newHub(res *kube.Resource, shards []heraldv1.CacheClient, size int, log *slog.Logger, m *metrics) *hub {
-	return &hub{res: res, shards: shards, size: size, log: log.With("resource", res.ID()), m: m,
+// ringLimits bound a hub's ring of recent events: at most events items and
+// about bytes of event data. A watcher that resumes or joins within the ring
+// is caught up from it, with the events already encoded; one that is further
+// behind costs a replay from the cache, encoded for it alone.
+type ringLimits struct{ events, bytes int }
+
+func newHub(res *kube.Resource, shards []heraldv1.CacheClient, limits ringLimits, log *slog.Logger, m *metrics) *hub {
+	return &hub{res: res, shards: shards, limits: limits, log: log.With("resource", res.ID()), m: m,
 		synced: make(chan struct{}), watchers: newWatcherIndex()}
 }
 
@@ -248,7 +255,7 @@ func (h *hub) reset() {
 	defer h.mu.Unlock()
 	h.watchers.every(func(w *watcher) { w.close(reasonUpstreamReset) })
 	h.watchers = newWatcherIndex()
-	h.ring = nil
+	h.ring, h.ringBytes = nil, 0
 	h.head.Store(0)
 	h.isSynced = false
 }
@@ -256,12 +263,15 @@ func (h *hub) reset() {
 // dispatch appends it to the ring and hands it to every watcher it
 // concerns, and returns how many it was queued to. Called with mu held.
 func (h *hub) dispatch(it *item) (queued int) {
-	if len(h.ring) >= h.size {
+	cost := it.cost()
+	for len(h.ring) > 0 && (len(h.ring) >= h.limits.events || h.ringBytes+cost > h.limits.bytes) {
 		h.ringStart = h.ring[0].ev.Revision
+		h.ringBytes -= h.ring[0].cost()
 		h.ring[0] = nil
 		h.ring = h.ring[1:]
 	}
 	h.ring = append(h.ring, it)
+	h.ringBytes += cost
 	h.head.Store(it.ev.Revision)
 	h.m.events.WithLabelValues(h.res.ID()).Inc()
 	var closed []*watcher

@@ -85,7 +85,7 @@ func BenchmarkDispatchKubelets(b *testing.B) {
 	const nodes = 5000
 	for _, mode := range []string{"indexed", "linear"} {
 		b.Run(mode, func(b *testing.B) {
-			h := newHub(pods, nil, 1024, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			h := newHub(pods, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
 			ws := make([]*watcher, nodes)
 			for i := range nodes {
 				fs, ls := fmt.Sprintf("spec.nodeName=node-%d", i), ""

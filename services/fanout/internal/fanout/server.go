@@ -127,7 +127,7 @@ func (s *Server) hub(r *kube.Resource) *hub {
 	defer s.mu.Unlock()
 	h, ok := s.hubs[r.ID()]
 	if !ok {
-		h = newHub(r, s.clients(r, ""), s.cfg.RingSize, s.log, s.m)
+		h = newHub(r, s.clients(r, ""), ringLimits{events: s.cfg.RingSize, bytes: s.cfg.RingBytes}, s.log, s.m)
 		h.tracer = s.tracer
 		s.hubs[r.ID()] = h
 		go h.run(s.ctx)

@@ -52,7 +52,7 @@ func BenchmarkEventTracing(b *testing.B) {
 				defer tp.Shutdown(context.Background())
 				tracer = tp.Tracer("bench")
 			}
-			h := newHub(res, nil, 1024, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			h := newHub(res, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
 			h.tracer = tracer
 			var ws []*watcher
 			for i := range 100 {
