@@ -85,3 +85,16 @@ func TestHistogramQuantile(t *testing.T) {
 		t.Errorf("empty histogram p50 = %v, want 0", got)
 	}
 }
+
+func TestMedian(t *testing.T) {
+	rs := []*Result{{Target: "a", P99: 30}, {Target: "b", P99: 10}, {Target: "c", P99: 20}}
+	if got := Median(rs); got.Target != "c" {
+		t.Errorf("median of p99 30, 10, 20 is run %s, want c", got.Target)
+	}
+	if got := Median(rs[:1]); got.Target != "a" {
+		t.Errorf("median of one run is %s, want a", got.Target)
+	}
+	if rs[0].Target != "a" {
+		t.Error("Median reordered its argument")
+	}
+}

@@ -1,11 +1,13 @@
 package loadgen
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -44,10 +46,12 @@ type Report struct {
 	Machine, Command string
 	Started          time.Time
 	Workloads        []Workload
-	Herald, Kube     map[string]*Result // by workload name
-	KubeNote         string             // why the baseline was not measured, if so
-	Profiles         []string           // pprof -top summaries, markdown-ready
-	Notes            []string
+	Herald, Kube     map[string]*Result // by workload name: the median run by p99
+	// HeraldRounds, KubeRounds: every run of each workload (-rounds).
+	HeraldRounds, KubeRounds map[string][]*Result
+	KubeNote                 string   // why the baseline was not measured, if so
+	Profiles                 []string // pprof -top summaries, markdown-ready
+	Notes                    []string
 	// Analysis is kept from the previous report: the text between
 	// AnalysisStart and AnalysisEnd, written by people reading profiles.
 	Analysis string
@@ -150,6 +154,19 @@ func (rp *Report) Write(w io.Writer) {
 			}
 			p("\n")
 		}
+		for _, sys := range []struct {
+			name string
+			rs   []*Result
+		}{{"Herald", rp.HeraldRounds[wl.Name]}, {"kube-apiserver", rp.KubeRounds[wl.Name]}} {
+			if len(sys.rs) < 2 {
+				continue
+			}
+			var runs []string
+			for _, r := range sys.rs {
+				runs = append(runs, fmt.Sprintf("p99 %.1f ms, %.2f ms CPU/1k, %d/%d delivered", ms(r.P99), r.CPUPer1000(), r.Deliveries, r.Expected))
+			}
+			p("- %s, every run (the table shows the median by p99): %s.\n", sys.name, strings.Join(runs, "; "))
+		}
 		p("\n")
 	}
 	if len(rp.Notes) > 0 {
@@ -195,6 +212,13 @@ func sortedKeys(m map[string]float64) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Median is the run with the median p99 (the upper one of two).
+func Median(rs []*Result) *Result {
+	sorted := slices.Clone(rs)
+	slices.SortStableFunc(sorted, func(a, b *Result) int { return cmp.Compare(a.P99, b.P99) })
+	return sorted[len(sorted)/2]
 }
 
 // PprofTop summarizes a CPU profile with `go tool pprof -top`.

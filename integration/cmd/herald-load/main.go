@@ -58,6 +58,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: all).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
+	flag.IntVar(&o.rounds, "rounds", 1, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
 	if err := run(o); err != nil {
@@ -69,6 +70,7 @@ func main() {
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
 	duration, warmup                               time.Duration
+	rounds                                         int
 }
 
 const (
@@ -96,7 +98,8 @@ func run(o options) error {
 		workloads = keep
 	}
 	rp := &loadgen.Report{Machine: loadgen.Machine(), Command: o.command, Started: time.Now(), Workloads: workloads,
-		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{}}
+		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{},
+		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}}
 	if o.dir == "" {
 		d, err := os.MkdirTemp("", "herald-load")
 		if err != nil {
@@ -158,8 +161,8 @@ func run(o options) error {
 	// kube-apiserver, so that no workload inherits another's backlog, heap
 	// or resumed watchers, and both systems see the machine at about the
 	// same time.
-	heraldRun := func(w loadgen.Workload) error {
-		dir := filepath.Join(o.dir, "herald-"+w.Name)
+	heraldRun := func(w loadgen.Workload, round int) error {
+		dir := filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
@@ -216,7 +219,7 @@ func run(o options) error {
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
-			rp.Herald[w.Name] = res
+			rp.HeraldRounds[w.Name] = append(rp.HeraldRounds[w.Name], res)
 		}
 		if err != nil {
 			log.Error("workload", "target", "Herald", "workload", w.Name, "err", err)
@@ -224,8 +227,9 @@ func run(o options) error {
 		time.Sleep(3 * time.Second) // profiles finish
 		return nil
 	}
-	kubeRun := func(w loadgen.Workload) error {
-		h, info, err := startHost(ctx, "etcd", filepath.Join(o.dir, "kube-"+w.Name), "", "")
+	kubeRun := func(w loadgen.Workload, round int) error {
+		dir := filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round))
+		h, info, err := startHost(ctx, "etcd", dir, "", "")
 		if err != nil {
 			return err
 		}
@@ -238,7 +242,7 @@ func run(o options) error {
 		if _, err := pods.Load(ctx, etcd); err != nil {
 			return err
 		}
-		k, err := loadgen.StartKubeAPIServer(ctx, o.kube, filepath.Join(o.dir, "kube-"+w.Name), info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
+		k, err := loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
 		if err != nil {
 			return err
 		}
@@ -257,7 +261,7 @@ func run(o options) error {
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
-			rp.Kube[w.Name] = res
+			rp.KubeRounds[w.Name] = append(rp.KubeRounds[w.Name], res)
 		}
 		if err != nil {
 			log.Error("workload", "target", "kube-apiserver", "workload", w.Name, "err", err)
@@ -272,16 +276,24 @@ func run(o options) error {
 		rp.KubeNote = "no kube-apiserver binary given (-kube-apiserver)."
 	}
 	for _, w := range workloads {
-		if want("herald") {
-			if err := heraldRun(w); err != nil {
-				return fmt.Errorf("herald: %w", err)
+		for round := range max(o.rounds, 1) {
+			if want("herald") {
+				if err := heraldRun(w, round); err != nil {
+					return fmt.Errorf("herald: %w", err)
+				}
+			}
+			if rp.KubeNote == "" {
+				if err := kubeRun(w, round); err != nil {
+					rp.KubeNote = err.Error()
+					log.Error("kube-apiserver baseline", "err", err)
+				}
 			}
 		}
-		if rp.KubeNote == "" {
-			if err := kubeRun(w); err != nil {
-				rp.KubeNote = err.Error()
-				log.Error("kube-apiserver baseline", "err", err)
-			}
+		if rs := rp.HeraldRounds[w.Name]; len(rs) > 0 {
+			rp.Herald[w.Name] = loadgen.Median(rs)
+		}
+		if rs := rp.KubeRounds[w.Name]; len(rs) > 0 {
+			rp.Kube[w.Name] = loadgen.Median(rs)
 		}
 	}
 
