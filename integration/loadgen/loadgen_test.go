@@ -87,7 +87,7 @@ func TestHistogramQuantile(t *testing.T) {
 }
 
 func TestMedian(t *testing.T) {
-	rs := []*Result{{Target: "a", P99: 30}, {Target: "b", P99: 10}, {Target: "c", P99: 20}}
+	rs := []*Result{{Target: "a", P99: 30, Deliveries: 1}, {Target: "b", P99: 10, Deliveries: 1}, {Target: "c", P99: 20, Deliveries: 1}}
 	if got := Median(rs); got.Target != "c" {
 		t.Errorf("median of p99 30, 10, 20 is run %s, want c", got.Target)
 	}
@@ -96,5 +96,10 @@ func TestMedian(t *testing.T) {
 	}
 	if rs[0].Target != "a" {
 		t.Error("Median reordered its argument")
+	}
+	// A run that delivered nothing (p99 0) is the worst, not the best.
+	none := []*Result{{Target: "x", P99: 40, Deliveries: 1}, {Target: "none"}, {Target: "y", P99: 50, Deliveries: 1}}
+	if got := Median(none); got.Target != "y" {
+		t.Errorf("median with an empty run is %s, want y", got.Target)
 	}
 }

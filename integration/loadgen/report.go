@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -214,10 +215,17 @@ func sortedKeys(m map[string]float64) []string {
 	return keys
 }
 
-// Median is the run with the median p99 (the upper one of two).
+// Median is the run with the median p99 (the upper one of two); a run that
+// delivered nothing ranks as the worst.
 func Median(rs []*Result) *Result {
+	p99 := func(r *Result) time.Duration {
+		if r.Deliveries == 0 {
+			return time.Duration(math.MaxInt64)
+		}
+		return r.P99
+	}
 	sorted := slices.Clone(rs)
-	slices.SortStableFunc(sorted, func(a, b *Result) int { return cmp.Compare(a.P99, b.P99) })
+	slices.SortStableFunc(sorted, func(a, b *Result) int { return cmp.Compare(p99(a), p99(b)) })
 	return sorted[len(sorted)/2]
 }
 
