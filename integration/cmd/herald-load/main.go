@@ -161,6 +161,38 @@ func run(o options) error {
 	// kube-apiserver, so that no workload inherits another's backlog, heap
 	// or resumed watchers, and both systems see the machine at about the
 	// same time.
+	// loaded starts a host (mode "herald" or "etcd") in dir and loads the
+	// pods into its etcd; stop stops both.
+	loaded := func(mode, dir, binDir, tokens string) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+		h, info, err := startHost(ctx, mode, dir, binDir, tokens)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		etcd, err = clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			h.stop()
+			return nil, nil, nil, err
+		}
+		stop = func() { etcd.Close(); h.stop() }
+		if _, err := pods.Load(ctx, etcd); err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		return info, etcd, stop, nil
+	}
+	// measure runs w against t and adds the result to rounds.
+	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log, Metrics: plain}
+		res, err := r.Run(ctx, w)
+		if res != nil {
+			log.Info(res.String())
+			rounds[w.Name] = append(rounds[w.Name], res)
+		}
+		if err != nil {
+			log.Error("workload", "target", t.Name, "workload", w.Name, "err", err)
+		}
+		time.Sleep(3 * time.Second) // profiles finish
+	}
 	heraldRun := func(w loadgen.Workload, round int) error {
 		dir := filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -169,19 +201,11 @@ func run(o options) error {
 		if err := os.Symlink(pkiDir, filepath.Join(dir, "pki")); err != nil && !os.IsExist(err) {
 			return err
 		}
-		h, info, err := startHost(ctx, "herald", dir, o.binDir, tokenFile)
+		info, etcd, stop, err := loaded("herald", dir, o.binDir, tokenFile)
 		if err != nil {
 			return err
 		}
-		defer h.stop()
-		etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
-		if err != nil {
-			return err
-		}
-		defer etcd.Close()
-		if _, err := pods.Load(ctx, etcd); err != nil {
-			return err
-		}
+		defer stop()
 		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
 			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
 		for name, pid := range info.Procs {
@@ -215,33 +239,16 @@ func run(o options) error {
 				}
 			}
 		}
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log, Metrics: plain}
-		res, err := r.Run(ctx, w)
-		if res != nil {
-			log.Info(res.String())
-			rp.HeraldRounds[w.Name] = append(rp.HeraldRounds[w.Name], res)
-		}
-		if err != nil {
-			log.Error("workload", "target", "Herald", "workload", w.Name, "err", err)
-		}
-		time.Sleep(3 * time.Second) // profiles finish
+		measure(t, etcd, w, rp.HeraldRounds)
 		return nil
 	}
 	kubeRun := func(w loadgen.Workload, round int) error {
 		dir := filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round))
-		h, info, err := startHost(ctx, "etcd", dir, "", "")
+		info, etcd, stop, err := loaded("etcd", dir, "", "")
 		if err != nil {
 			return err
 		}
-		defer h.stop()
-		etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{info.EtcdEndpoint}, DialTimeout: 5 * time.Second})
-		if err != nil {
-			return err
-		}
-		defer etcd.Close()
-		if _, err := pods.Load(ctx, etcd); err != nil {
-			return err
-		}
+		defer stop()
 		k, err := loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
 		if err != nil {
 			return err
@@ -257,16 +264,7 @@ func run(o options) error {
 				go profile(ctx, plain, "http://"+info.Admin, "", d, filepath.Join(profDir, w.Name+"-kube-etcd.pprof"))
 				go profile(ctx, httpc, k.URL, admin, d, filepath.Join(profDir, w.Name+"-kube-apiserver.pprof"))
 			}}
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log}
-		res, err := r.Run(ctx, w)
-		if res != nil {
-			log.Info(res.String())
-			rp.KubeRounds[w.Name] = append(rp.KubeRounds[w.Name], res)
-		}
-		if err != nil {
-			log.Error("workload", "target", "kube-apiserver", "workload", w.Name, "err", err)
-		}
-		time.Sleep(3 * time.Second)
+		measure(t, etcd, w, rp.KubeRounds)
 		return nil
 	}
 	switch {
