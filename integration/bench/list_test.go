@@ -25,17 +25,7 @@ import (
 
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, _ := os.MkdirTemp("", "herald-bench-bin")
-	binDir = dir
-	if err := stack.Build(binDir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.RunTests(m, &binDir) }
 
 // benchPod is a pod of about 1.3 KB, the size of a small real one.
 func benchPod(ns, name string, i int) string {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -54,16 +55,22 @@ func rawWatch(t *testing.T, ctx context.Context, url string, start <-chan struct
 		case <-ctx.Done():
 			return
 		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var ev watchEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				ch <- ev
-			}
-		}
+		sendEvents(resp.Body, ch)
 	}()
 	return ch
+}
+
+// sendEvents sends every line of a watch stream that decodes as an event;
+// a line cut short by a server closing the stream is dropped.
+func sendEvents(body io.Reader, ch chan<- watchEvent) {
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var ev watchEvent
+		if json.Unmarshal(sc.Bytes(), &ev) == nil {
+			ch <- ev
+		}
+	}
 }
 
 // TestSlowWatcherIsCutOff: a client that does not read is disconnected
@@ -90,14 +97,7 @@ func TestSlowWatcherIsCutOff(t *testing.T) {
 		go func() {
 			defer close(ch)
 			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			sc.Buffer(make([]byte, 1<<20), 16<<20)
-			for sc.Scan() {
-				var ev watchEvent
-				if json.Unmarshal(sc.Bytes(), &ev) == nil {
-					ch <- ev
-				}
-			}
+			sendEvents(resp.Body, ch)
 		}()
 	}
 	// The slow client watches every namespace: besides the fast clients'

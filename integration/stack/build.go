@@ -46,3 +46,23 @@ func Build(binDir string) error {
 	}
 	return nil
 }
+
+// RunTests is the TestMain of packages whose tests start stacks: it builds
+// the services into a temporary directory, sets *binDir to it, runs the
+// tests, removes the directory and exits with the tests' code.
+func RunTests(m interface{ Run() int }, binDir *string) {
+	dir, err := os.MkdirTemp("", "herald-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*binDir = dir
+	if err := Build(dir); err != nil {
+		os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
