@@ -9,10 +9,10 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 BIN := $(CURDIR)/.bin
 
-MODULES  := libs/rv libs/kube libs/proto libs/service services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
+MODULES  := libs/rv libs/kube libs/proto libs/service libs/stream libs/cacheclient libs/storage services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
 SERVICES := ingest cache fanout frontdoor
 
-.PHONY: help run seed build test test-unit e2e e2e-local images manifests bench proto proto-check lint tidy clean
+.PHONY: help run seed build test test-unit kubeapi e2e e2e-local images manifests bench proto proto-check lint tidy clean storage-check
 
 # Container images: FROM scratch, static binaries built here (nothing is pulled).
 IMAGE_REPO ?= herald
@@ -36,7 +36,9 @@ run: build ## Start the whole stack locally (embedded etcd + NATS, every service
 seed: ## Write sample nodes and pods into the running stack's etcd (CHURN=300ms keeps changing them).
 	$(GO) run ./integration/cmd/herald-seed $(if $(CHURN),-churn $(CHURN))
 
-test: ## Run every test: unit tests and the end-to-end tests on real etcd, JetStream, gRPC and HTTP.
+test: ## Run every test: unit tests and the end-to-end tests on real etcd, JetStream, gRPC and HTTP (and kube-apiserver for cluster mode).
+	@# Cluster mode's tests run a real kube-apiserver: build it (once, cached) before the tests' timeout starts.
+	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
 	@set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(GO) test -count=1 -timeout 20m ./...); done
 
 test-unit: ## Run only the fast tests (no end-to-end stack).
@@ -45,6 +47,11 @@ test-unit: ## Run only the fast tests (no end-to-end stack).
 e2e: images ## Run the container suite (testcontainers: etcd x3, NATS x3, every service replicated, faults injected).
 	cd $(E2E_MODULE) && HERALD_IMAGE_REPO=$(IMAGE_REPO) HERALD_IMAGE_TAG=$(IMAGE_TAG) TESTCONTAINERS_RYUK_DISABLED=true \
 		$(GO) test -count=1 -timeout 30m -v $(if $(RUN),-run '$(RUN)') ./...
+
+kubeapi: ## Run the side-by-side suite against a real kube-apiserver v1.37.2 (integration/kubeapi; issue 14's acceptance, not yet green).
+	@# Builds kube-apiserver once (cached in ~/.cache/herald) before the tests' timeout starts.
+	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
+	cd integration && $(GO) test -tags kubeapi -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kubeapi/
 
 e2e-local: ## Run only the in-process end-to-end tests (integration/e2e; part of `make test`).
 	cd integration && $(GO) test -count=1 -timeout 20m -v ./e2e/...
@@ -83,6 +90,9 @@ proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Regenerate l
 proto-check: proto ## Fail if the committed generated code differs from a fresh generation.
 	@git diff --exit-code -- libs/proto || { echo "libs/proto is stale: run 'make proto' and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- libs/proto)" || { echo "libs/proto has untracked generated files"; git status --porcelain -- libs/proto; exit 1; }
+
+storage-check: ## Check libs/storage's resource table against kube-apiserver v1.37.2's own code (slow: builds k8s.io/kubernetes).
+	cd libs/storage/kubecheck && GOWORK=off $(GO) test -count=1 ./...
 
 lint: ## gofmt and go vet over every module.
 	@test -z "$$(gofmt -l $(MODULES) $(wildcard $(E2E_MODULE)) deploy)" || { gofmt -l $(MODULES) $(wildcard $(E2E_MODULE)) deploy; echo "gofmt needed"; exit 1; }

@@ -293,7 +293,14 @@ func (w *watcher) judge(want []checker.WatchEvent, last int64) verdict {
 	got := w.upTo(last)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	v := verdict{events: len(got), expired: w.expired, reconnects: w.reconnects, statuses: w.statuses}
+	v := tally(want, got)
+	v.expired, v.reconnects, v.statuses = w.expired, w.reconnects, w.statuses
+	return v
+}
+
+// tally counts what got lost, duplicated and reordered against want.
+func tally(want, got []checker.WatchEvent) verdict {
+	v := verdict{events: len(got)}
 	seen := map[checker.WatchEvent]int{}
 	for i, e := range got {
 		seen[e]++
@@ -379,8 +386,8 @@ func streamOf(evs []checker.WatchEvent) []checker.Change {
 func currentRevision(t *testing.T, ctx context.Context, cli *clientv3.Client) int64 {
 	t.Helper()
 	var rev int64
-	waitFor(t, 30*time.Second, "an etcd revision", func() bool {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	waitFor(t, 2*time.Minute, "an etcd revision", func() bool { // a loaded machine (RelistStorm) can starve one read
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		resp, err := cli.Get(cctx, "/herald-e2e/probe")
 		if err != nil {

@@ -262,10 +262,12 @@ func (c *cluster) fanoutSpec(i int) spec {
 		args: []string{"--cache.shards=" + c.shardMap, "--http.addr=:7200", "--admin.addr=:9200", "--bookmark-interval=1s", "--ring-size=20000"}}
 }
 
+// frontdoorSpec: watches are rebalanced over the fanout replicas every
+// second (see scaleFanout).
 func (c *cluster) frontdoorSpec(i int) spec {
 	cert, _ := os.ReadFile(c.pki.CertFile)
 	key, _ := os.ReadFile(c.pki.KeyFile)
-	tokens := c.token + ",herald-admin,herald-admin,\"system:masters\"\n"
+	tokens := c.token + ",herald-admin,herald-admin,\"system:masters\"\n" + fleetTokens(c.token)
 	files := []testcontainers.ContainerFile{
 		{Reader: strings.NewReader(string(cert)), ContainerFilePath: "/etc/herald/tls/tls.crt", FileMode: 0o644},
 		{Reader: strings.NewReader(string(key)), ContainerFilePath: "/etc/herald/tls/tls.key", FileMode: 0o644},
@@ -273,7 +275,7 @@ func (c *cluster) frontdoorSpec(i int) spec {
 	}
 	return spec{name: fmt.Sprintf("frontdoor-%d", i), group: "frontdoor", image: "frontdoor", ports: []string{frontHTTPS, frontAdmin}, health: frontAdmin, path: "/readyz", files: files,
 		args: []string{
-			"--addr=:6443", "--admin.addr=:9300", "--cache.shards=" + c.shardMap, "--fanout.addrs=http://fanout:7200",
+			"--addr=:6443", "--admin.addr=:9300", "--cache.shards=" + c.shardMap, "--fanout.addrs=http://fanout:7200", "--fanout.rebalance-interval=1s",
 			"--tls.cert-file=/etc/herald/tls/tls.crt", "--tls.key-file=/etc/herald/tls/tls.key", "--token-auth-file=/etc/herald/auth/tokens.csv",
 		}}
 }
@@ -438,6 +440,12 @@ func (c *cluster) connect(t *testing.T, ctx context.Context, n *node) {
 
 // metric sums the samples of one metric on a node's admin port.
 func (n *node) metric(ctx context.Context, name string) (float64, error) {
+	return n.metricWhere(ctx, name)
+}
+
+// metricWhere sums the samples of one metric whose labels contain every
+// one of labels (`verb="list"`).
+func (n *node) metricWhere(ctx context.Context, name string, labels ...string) (float64, error) {
 	a, err := n.addr(ctx, n.health)
 	if err != nil {
 		return 0, err
@@ -453,13 +461,22 @@ func (n *node) metric(ctx context.Context, name string) (float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+		if (strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{")) && containsAll(line, labels) {
 			f := strings.Fields(line)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			sum += v
 		}
 	}
 	return sum, sc.Err()
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // ready reports whether a node's readiness endpoint answers 200.

@@ -32,6 +32,7 @@ func TestCluster(t *testing.T) {
 			return // the cluster may not be whole: later scenarios would only add noise
 		}
 	}
+	t.Run("RelistStorm", func(t *testing.T) { relistStorm(t, c) }) // its own clients: see relist_test.go
 }
 
 // scenario is the churn and the clients of one fault scenario.
@@ -262,29 +263,47 @@ func rollingRestart(t *testing.T, ctx context.Context, c *cluster, s *scenario) 
 	}
 }
 
-// scaleFanout adds three fanout replicas, opens new clients (which must
-// land on new replicas too), then removes the three again.
+// scaleTakesLoad is how long three fanout replicas added under load may
+// take to carry a third of the watches: frontdoor re-resolves the replicas
+// every second (and when one fails) and moves the excess watches off the
+// loaded ones every second here (--fanout.rebalance-interval), a bounded
+// share each time; the clients resume from their resourceVersions.
+const scaleTakesLoad = 30 * time.Second
+
+// scaleFanout puts 30 watches on the three fanout replicas, adds three
+// more, and checks that the new ones carry at least a third of the watches
+// within scaleTakesLoad (the existing watches move: a scale-out must relieve
+// the loaded replicas, not wait for new clients); then removes the three
+// again. Every client still sees every event once, in order.
 func scaleFanout(t *testing.T, ctx context.Context, c *cluster, s *scenario) {
-	c.startAll(t, ctx, c.fanoutSpec(3), c.fanoutSpec(4), c.fanoutSpec(5))
 	rv := currentRevision(t, ctx, c.etcd)
-	for i := range 8 {
+	for i := range 28 {
 		s.addWatcher(fmt.Sprintf("client-scale-%d", i), i, rv)
 	}
 	s.advance(t, 100, time.Minute)
-	fresh := []string{"fanout-3", "fanout-4", "fanout-5"}
-	waitFor(t, 30*time.Second, "clients on the new fanout replicas", func() bool {
-		var onNew float64
-		for _, name := range fresh {
+	s.mu.Lock()
+	clients := len(s.watchers)
+	s.mu.Unlock()
+	watches := func(names ...string) (n float64) {
+		for _, name := range names {
 			v, _ := c.node(t, name).metric(ctx, "herald_fanout_watchers")
-			onNew += v
+			n += v
 		}
-		return onNew > 0
-	})
-	for _, name := range fresh {
-		var count float64
-		count, _ = c.node(t, name).metric(ctx, "herald_fanout_watchers")
-		t.Logf("%s serves %v watches", name, count)
+		return n
 	}
+	old, fresh := []string{"fanout-0", "fanout-1", "fanout-2"}, []string{"fanout-3", "fanout-4", "fanout-5"}
+	t.Logf("before the scale-out: %v watches on %v", watches(old...), old)
+	c.startAll(t, ctx, c.fanoutSpec(3), c.fanoutSpec(4), c.fanoutSpec(5))
+	start := time.Now()
+	want := float64((clients + 2) / 3)
+	waitFor(t, scaleTakesLoad, fmt.Sprintf("the new fanout replicas to carry a third of the %d watches (%v)", clients, want), func() bool {
+		return watches(fresh...) >= want
+	})
+	t.Logf("after %v the new replicas carry %v watches, the old %v", time.Since(start).Round(100*time.Millisecond), watches(fresh...), watches(old...))
+	for _, name := range append(old, fresh...) {
+		t.Logf("%s serves %v watches", name, watches(name))
+	}
+	s.advance(t, 50, time.Minute)
 	for _, name := range fresh {
 		n := c.node(t, name)
 		c.stop(t, ctx, n)

@@ -41,8 +41,7 @@ func TestFloodAndSlowloris(t *testing.T) {
 	flags := append(fx.flags, "--max-watches="+strconv.Itoa(maxWatches), "--max-watches-per-user="+strconv.Itoa(perUser), "--read-header-timeout=2s")
 	e := startStack(t, stack.Options{Flags: map[string][]string{"frontdoor": flags}})
 	addTokens(t, e, "mallory-token,mallory,u-mallory", "alice-token,alice,u-alice")
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
-	defer cancel()
+	ctx := testContext(t, 55*time.Second)
 	front := e.Proc("frontdoor-0")
 
 	// Three existing watchers (the admin's), from now on.

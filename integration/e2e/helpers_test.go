@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"herald.dev/integration/checker"
 	"herald.dev/integration/stack"
+	"herald.dev/libs/kube"
 )
 
 var binDir string
@@ -32,6 +34,14 @@ type env struct {
 	js   jetstream.JetStream
 	http *http.Client
 	logs string
+}
+
+// testContext is a test's context: it ends after d (so that a hung stack
+// fails the test instead of the whole run) or when the test ends.
+func testContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func startStack(t *testing.T, opts stack.Options) *env {
@@ -61,11 +71,15 @@ func startStack(t *testing.T, opts stack.Options) *env {
 			t.Logf("service logs (tail):\n%s", tail(string(b), 80))
 		}
 	})
-	e.etcd, err = clientv3.New(clientv3.Config{Endpoints: []string{s.EtcdEndpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	cluster := opts.Cluster
+	if opts.EtcdTLS {
+		// The stack's own etcd requires client certificates from its CA.
+		cluster = stack.ClusterEtcd{Endpoints: s.EtcdEndpoint, CAFile: s.PKI.CAFile, CertFile: s.PKI.ClientCertFile, KeyFile: s.PKI.ClientKeyFile}
 	}
-	t.Cleanup(func() { e.etcd.Close() })
+	e.etcd = newEtcdClient(t, cluster, s.EtcdEndpoint)
+	if opts.NATSConfigFile != "" {
+		return e // NATS admits only the services' users: no e.js
+	}
 	nc, err := nats.Connect(s.NATSURL, nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +87,37 @@ func startStack(t *testing.T, opts stack.Options) *env {
 	t.Cleanup(nc.Close)
 	e.js, _ = jetstream.New(nc)
 	return e
+}
+
+// newEtcdClient is a client of the stack's etcd (the cluster's, over
+// mutual TLS, in cluster mode), closed when the test ends.
+func newEtcdClient(t testing.TB, cluster stack.ClusterEtcd, endpoint string) *clientv3.Client {
+	t.Helper()
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second}
+	if cluster.CAFile != "" {
+		cfg.TLS = clusterTLS(t, cluster)
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// builtinGroups are the API groups of the built-in registry, sorted, and the
+// number of its apps/v1 resources.
+func builtinGroups() (groups []string, apps int) {
+	for _, r := range kube.DefaultResources() {
+		if r.Group != "" && !slices.Contains(groups, r.Group) {
+			groups = append(groups, r.Group)
+		}
+		if r.Group == "apps" {
+			apps++
+		}
+	}
+	slices.Sort(groups)
+	return groups, apps
 }
 
 func tail(s string, n int) string {
@@ -221,8 +266,9 @@ func lastOf(evs []checker.WatchEvent) checker.WatchEvent {
 	return evs[len(evs)-1]
 }
 
-// get performs a GET through frontdoor and decodes the JSON body into out.
-func (e *env) get(t testing.TB, path string, out any) int {
+// getRaw GETs path through frontdoor and returns the status and the body
+// (without a trailing newline).
+func (e *env) getRaw(t testing.TB, path string) (int, string) {
 	t.Helper()
 	resp, err := e.http.Get(e.FrontdoorURL + path)
 	if err != nil {
@@ -230,12 +276,20 @@ func (e *env) get(t testing.TB, path string, out any) int {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSuffix(string(b), "\n")
+}
+
+// get performs a GET through frontdoor and decodes the JSON body into out.
+func (e *env) get(t testing.TB, path string, out any) int {
+	t.Helper()
+	code, body := e.getRaw(t, path)
+	b := []byte(body)
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("GET %s: %d, body not JSON: %s", path, resp.StatusCode, b)
+			t.Fatalf("GET %s: %d, body not JSON: %s", path, code, b)
 		}
 	}
-	return resp.StatusCode
+	return code
 }
 
 type podList struct {

@@ -22,8 +22,7 @@ import (
 // kube-apiserver; the conformance tests cover it.) Oversized headers get 431, bodies 413.
 func TestHostileRequests(t *testing.T) {
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
+	ctx := testContext(t, 50*time.Second)
 	e.put(t, ctx, "ns1", "p", podJSON("ns1", "p", "node-1", 0), true)
 	paths := []string{"/api/v1/pods", "/api/v1/namespaces/ns1/pods", "/api/v1/namespaces/ns1/pods/p", "/api/v1/nodes/n1"}
 	queries := []string{"", "limit=-1", "limit=99999999999999999999", "limit=2&continue=%%%", "resourceVersion=abc",

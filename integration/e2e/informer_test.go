@@ -11,34 +11,24 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	clientmetadata "k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"herald.dev/integration/stack"
 )
 
-// gates overrides client-go's WatchListClient feature and defers every
-// other feature to client-go's defaults.
-type gates struct {
-	def       clientfeatures.Gates
-	watchList bool
-}
-
-func (g gates) Enabled(f clientfeatures.Feature) bool {
-	if f == clientfeatures.WatchListClient {
-		return g.watchList
-	}
-	return g.def.Enabled(f)
-}
-
 // TestInformer runs a client-go shared informer against frontdoor under
 // continuous creates, updates and deletes: its store must end equal to
 // etcd's contents and no object's resourceVersion may ever go backwards,
-// with WatchList on (client-go's default) and off, and with a kubelet-like
-// client that prefers protobuf.
+// with WatchList on (client-go's default) and off, with a kubelet-like
+// client that prefers protobuf (and gets it), and with a metadata informer
+// (k8s.io/client-go/metadata: PartialObjectMetadata in protobuf).
 func TestInformer(t *testing.T) {
 	e := startStack(t, stack.Options{})
 	def := clientfeatures.FeatureGates()
@@ -47,17 +37,21 @@ func TestInformer(t *testing.T) {
 		name      string
 		watchList bool
 		protobuf  bool
+		metadata  bool
 	}{
-		{"watchlist", true, false},
-		{"list-then-watch", false, false},
-		{"watchlist-protobuf-first", true, true},
+		{"watchlist", true, false, false},
+		{"list-then-watch", false, false, false},
+		{"watchlist-protobuf-first", true, true, false},
+		{"list-then-watch-protobuf-first", false, true, false},
+		{"metadata-watchlist", true, false, true},
+		{"metadata-list-then-watch", false, false, true},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			clientfeatures.ReplaceFeatureGates(gates{def: def, watchList: tc.watchList})
+			clientfeatures.ReplaceFeatureGates(stack.WatchListGates{Default: def, WatchList: tc.watchList})
 			ns := fmt.Sprintf("inf-%d", i)
 			listsBefore := metricLabeled(t, e.Proc("frontdoor-0"), "apiserver_request_total", `verb="list",resource="pods"`)
-			runInformer(t, e, ns, tc.protobuf)
+			runInformer(t, e, ns, tc.protobuf, tc.metadata)
 			lists := metricLabeled(t, e.Proc("frontdoor-0"), "apiserver_request_total", `verb="list",resource="pods"`) - listsBefore
 			if tc.watchList && lists != 0 {
 				t.Errorf("WatchList informer sent %v LIST requests", lists)
@@ -69,7 +63,7 @@ func TestInformer(t *testing.T) {
 	}
 }
 
-func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
+func runInformer(t *testing.T, e *env, ns string, protobuf, metadata bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg, err := clientcmd.BuildConfigFromFlags("", e.Kubeconfig)
@@ -80,10 +74,8 @@ func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
 		cfg.ContentType = "application/vnd.kubernetes.protobuf"
 		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var rec contentTypes
+	rec.wrap(cfg)
 
 	// Churn: creates, updates and deletes over 40 pods, before, during and
 	// after the informer starts.
@@ -118,21 +110,38 @@ func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
 		}
-		p := obj.(*corev1.Pod)
-		rv, err := strconv.ParseInt(p.ResourceVersion, 10, 64)
+		p := obj.(metav1.Object)
+		rv, err := strconv.ParseInt(p.GetResourceVersion(), 10, 64)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
-			violations = append(violations, fmt.Sprintf("%s %s: resourceVersion %q", kind, p.Name, p.ResourceVersion))
+			violations = append(violations, fmt.Sprintf("%s %s: resourceVersion %q", kind, p.GetName(), p.GetResourceVersion()))
 			return
 		}
-		if rv < lastRV[p.Name] {
-			violations = append(violations, fmt.Sprintf("%s %s: resourceVersion %d after %d", kind, p.Name, rv, lastRV[p.Name]))
+		if rv < lastRV[p.GetName()] {
+			violations = append(violations, fmt.Sprintf("%s %s: resourceVersion %d after %d", kind, p.GetName(), rv, lastRV[p.GetName()]))
 		}
-		lastRV[p.Name] = rv
+		lastRV[p.GetName()] = rv
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
-	inf := factory.Core().V1().Pods().Informer()
+	var (
+		inf   cache.SharedIndexInformer
+		start func(stop <-chan struct{})
+	)
+	if metadata {
+		mc, err := clientmetadata.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		factory := metadatainformer.NewFilteredSharedInformerFactory(mc, 0, ns, nil)
+		inf, start = factory.ForResource(corev1.SchemeGroupVersion.WithResource("pods")).Informer(), factory.Start
+	} else {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
+		inf, start = factory.Core().V1().Pods().Informer(), factory.Start
+	}
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { observe("add", o) },
 		UpdateFunc: func(_, o any) { observe("update", o) },
@@ -140,7 +149,7 @@ func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
 	})
 	stop := make(chan struct{})
 	defer close(stop)
-	factory.Start(stop)
+	start(stop)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		t.Fatal("informer did not sync")
 	}
@@ -151,8 +160,8 @@ func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
 	for {
 		got = got[:0]
 		for _, o := range inf.GetStore().List() {
-			p := o.(*corev1.Pod)
-			got = append(got, p.Namespace+"/"+p.Name+"@"+p.ResourceVersion)
+			p := o.(metav1.Object)
+			got = append(got, p.GetNamespace()+"/"+p.GetName()+"@"+p.GetResourceVersion())
 		}
 		sort.Strings(got)
 		if fmt.Sprint(got) == fmt.Sprint(want) {
@@ -162,6 +171,13 @@ func runInformer(t *testing.T, e *env, ns string, protobuf bool) {
 		case <-ctx.Done():
 			t.Fatalf("informer store never matched etcd:\n got %v\nwant %v", got, want)
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// A client that prefers protobuf gets it; a metadata client gets
+	// PartialObjectMetadata in protobuf too (pods are a built-in kind).
+	if protobuf || metadata {
+		if ok, seen := rec.only(protobufType, protobufType+";stream=watch"); !ok {
+			t.Errorf("responses were %v, want protobuf", seen)
 		}
 	}
 	mu.Lock()

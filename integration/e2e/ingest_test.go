@@ -124,8 +124,8 @@ func (e *env) streamReaches(t *testing.T, ctx context.Context, rev int64) []chec
 }
 
 // checkStream verifies that the stream holds etcd's history of (from, to]
-// exactly once, in order.
-func (e *env) checkStream(t *testing.T, ctx context.Context, recs []checker.Record, from, to int64) {
+// exactly once, in order, and returns that history.
+func (e *env) checkStream(t *testing.T, ctx context.Context, recs []checker.Record, from, to int64) []checker.Change {
 	t.Helper()
 	changes, errs := checker.StreamChanges(recs)
 	for _, err := range errs {
@@ -145,6 +145,7 @@ func (e *env) checkStream(t *testing.T, ctx context.Context, recs []checker.Reco
 		t.Error(err)
 	}
 	t.Logf("stream holds %d changes of (%d, %d] exactly once, in order", len(inRange), from, to)
+	return history
 }
 
 func (e *env) rev(t *testing.T, ctx context.Context) int64 {
@@ -160,8 +161,7 @@ func (e *env) rev(t *testing.T, ctx context.Context) int64 {
 // takes over and the stream holds every revision exactly once, in order.
 func TestIngestLeaderKilled(t *testing.T) {
 	e := startStack(t, stack.Options{Ingests: 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	from := e.rev(t, ctx)
 	old := e.leader(t, ctx, nil)
 	w := &writer{e: e, ns: "burst"}
@@ -180,8 +180,7 @@ func TestIngestLeaderKilled(t *testing.T) {
 // up, the old leader carries on with its append, which the stream refuses.
 func TestIngestPausedLeaderFenced(t *testing.T) {
 	e := startStack(t, stack.Options{Ingests: 2, Flags: map[string][]string{"ingest": {"--debug.fault-injection"}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	from := e.rev(t, ctx)
 	old := e.leader(t, ctx, nil)
 	post := func(p *stack.Proc, path string) {
@@ -223,8 +222,7 @@ func TestIngestPausedLeaderFenced(t *testing.T) {
 // watcher older than the marker gets 410 Gone, never a silent gap.
 func TestCompactionResync(t *testing.T) {
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 2*time.Minute)
 	w := &writer{e: e, ns: "compact"}
 	w.run(ctx, 20, nil)
 	e.streamReaches(t, ctx, w.lastRev())
@@ -287,8 +285,7 @@ func TestCompactionResync(t *testing.T) {
 // client sees every change once.
 func TestOutagesUnderLoad(t *testing.T) {
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	from := e.rev(t, ctx)
 	client := e.resumingClient(ctx, "/api/v1/namespaces/load/pods?watch=true&allowWatchBookmarks=true", from)
 	w := &writer{e: e, ns: "load"}
@@ -327,8 +324,7 @@ func TestOutagesUnderLoad(t *testing.T) {
 // watch from Herald (the ingest leader's).
 func TestOneEtcdWatch(t *testing.T) {
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	var l podList
 	e.get(t, "/api/v1/pods", &l)
 	for i := range 100 {

@@ -31,8 +31,7 @@ func kubectlPath(t *testing.T) string {
 func TestKubectl(t *testing.T) {
 	kubectl := kubectlPath(t)
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 2*time.Minute)
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", e.Kubeconfig}, args...)...)

@@ -38,8 +38,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		K = 5  // LISTs of pods
 	)
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
+	ctx := testContext(t, 45*time.Second)
 	ingest, cache, fanout, front := e.Proc("ingest-0"), e.Proc("cache-0"), e.Proc("fanout-0"), e.Proc("frontdoor-0")
 	pods := `resource="pods"`
 

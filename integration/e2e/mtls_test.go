@@ -23,18 +23,9 @@ import (
 // lets them trust the identity frontdoor passes along.
 func TestInternalMutualTLS(t *testing.T) {
 	e := startStack(t, stack.Options{InternalTLS: true})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 
-	var l podList
-	if code := e.get(t, "/api/v1/pods", &l); code != 200 {
-		t.Fatalf("LIST through frontdoor: %d", code)
-	}
-	_, evs := e.openWatch(t, ctx, "/api/v1/pods?watch=true&resourceVersion="+l.Metadata.ResourceVersion)
-	want := e.put(t, ctx, "tls", "p", podJSON("tls", "p", "n", 0), true)
-	if got := collect(t, ctx, evs, want.RV); len(got) != 1 || got[0] != want {
-		t.Fatalf("watch through frontdoor over mTLS: %+v", got)
-	}
+	_, want := e.watchSeesPut(t, ctx, "tls")
 
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(e.PKI.CAPEM)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -14,8 +13,7 @@ import (
 // before answering), and each one gets the events written after it.
 func TestWatchRetriesOnDownFanout(t *testing.T) {
 	e := startStack(t, stack.Options{Fanouts: 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
+	ctx := testContext(t, 50*time.Second)
 	e.Proc("fanout-0").Kill()
 	var list podList
 	if code := e.get(t, "/api/v1/pods", &list); code != http.StatusOK {

@@ -230,8 +230,7 @@ func TestSecurityMatrix(t *testing.T) {
 	fx := newSecurityFixture(t, securityRBAC)
 	e := startStack(t, stack.Options{Flags: map[string][]string{"frontdoor": fx.flags}})
 	addTokens(t, e, "alice-token,alice,u-alice", "bob-token,bob,u-bob")
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
+	ctx := testContext(t, 50*time.Second)
 	e.put(t, ctx, "team-a", "web-0", podJSON("team-a", "web-0", "node-1", 0), true)
 	e.put(t, ctx, "team-b", "db-0", podJSON("team-b", "db-0", "node-1", 0), true)
 

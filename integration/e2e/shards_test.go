@@ -74,8 +74,7 @@ func (e *env) churn(t *testing.T, ctx context.Context, namespaces []string, n, s
 // both.
 func TestShardedCache(t *testing.T) {
 	e := shardedStack(t, "--default-watch-cache-size=30")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	namespaces := splitNamespaces(8)
 	from := e.rev(t, ctx)
 	_, live := e.openWatch(t, ctx, "/api/v1/pods?watch=true&resourceVersion="+strconv.FormatInt(from, 10))
@@ -177,8 +176,7 @@ func TestShardedCache(t *testing.T) {
 // becomes ready.
 func TestCacheReplicaKilled(t *testing.T) {
 	e := shardedStack(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	namespaces := splitNamespaces(6)
 	from := e.rev(t, ctx)
 	client := e.resumingClient(ctx, "/api/v1/pods?watch=true&allowWatchBookmarks=true", from)

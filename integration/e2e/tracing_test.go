@@ -91,8 +91,7 @@ func TestOneTracePerEvent(t *testing.T) {
 	t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	e := startStack(t, stack.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
+	ctx := testContext(t, 45*time.Second)
 
 	// A LIST, a watcher through frontdoor from its resourceVersion (as an
 	// informer does), then one written pod.

@@ -3,18 +3,14 @@ package loadgen
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	_ "net/http/pprof" // the host's CPU profile
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
-
-	"go.etcd.io/etcd/server/v3/embed"
 
 	"herald.dev/integration/stack"
 )
@@ -76,7 +72,7 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Rea
 			info.Procs[p.Name], info.Admins[p.Name] = p.Pid(), p.Admin
 		}
 	case "etcd":
-		e, endpoint, err := startEtcd(dir)
+		e, endpoint, err := stack.StartEtcd(dir, "", nil) // configured as the stack's
 		if err != nil {
 			return err
 		}
@@ -94,40 +90,4 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Rea
 	case <-ctx.Done():
 	}
 	return nil
-}
-
-// startEtcd starts an embedded etcd configured as stack's (same version,
-// same defaults, data on disk in dir).
-func startEtcd(dir string) (*embed.Etcd, string, error) {
-	cfg := embed.NewConfig()
-	cfg.Name = "herald-bench"
-	cfg.Dir = filepath.Join(dir, "etcd")
-	cu, _ := url.Parse("http://" + freeAddr())
-	pu, _ := url.Parse("http://" + freeAddr())
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	cfg.InitialCluster = cfg.Name + "=" + pu.String()
-	cfg.LogLevel = "error"
-	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	cfg.ListenMetricsUrls = nil
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, "", err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-		return e, cu.String(), nil
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return nil, "", errors.New("etcd did not become ready in 30s")
-	}
-}
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -20,15 +20,15 @@ package loadgen
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"herald.dev/libs/service"
 )
 
 // WrittenAtAnnotation holds the write time (Unix nanoseconds) of every pod
@@ -97,13 +97,9 @@ type MemProc struct {
 // NewHTTPClient is the load client's HTTP/2 client for a target: it trusts
 // caFile and opens as many connections as the server's stream limit needs.
 func NewHTTPClient(caFile string) (*http.Client, error) {
-	ca, err := os.ReadFile(caFile)
+	pool, err := service.LoadCertPool(caFile)
 	if err != nil {
 		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("%s: no certificate", caFile)
 	}
 	tr := &http.Transport{
 		TLSClientConfig:     &tls.Config{RootCAs: pool},

@@ -34,7 +34,12 @@ import (
 )
 
 // overlays are the renderings that must hold; each is deploy/k8s/overlays/<name>.
-var overlays = []string{"dev", "prod"}
+var overlays = []string{"dev", "prod", "cluster"}
+
+// clusterOverlays read an existing cluster's etcd (the one kube-apiserver
+// writes) instead of Herald's own: no herald-etcd, etcd over mutual TLS, the
+// caches decrypting with kube-apiserver's EncryptionConfiguration.
+var clusterOverlays = map[string]bool{"cluster": true}
 
 // heraldServices are the Herald binaries (services/<name>/cmd/<name>).
 var heraldServices = []string{"ingest", "cache", "fanout", "frontdoor"}
@@ -73,6 +78,10 @@ func newObject(apiVersion, kind string) (any, error) {
 		return &rbacv1.Role{}, nil
 	case "rbac.authorization.k8s.io/v1/RoleBinding":
 		return &rbacv1.RoleBinding{}, nil
+	case "rbac.authorization.k8s.io/v1/ClusterRole":
+		return &rbacv1.ClusterRole{}, nil
+	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}, nil
 	}
 	return nil, fmt.Errorf("unexpected kind %s %s", apiVersion, kind)
 }
@@ -124,6 +133,16 @@ func TestOverlaysDecodeStrictly(t *testing.T) {
 				"Deployment":              {"herald-fanout", "herald-frontdoor", "herald-ingest", "herald-otel-collector"},
 				"HorizontalPodAutoscaler": {"herald-fanout"},
 				"PodDisruptionBudget":     {"herald-cache-a", "herald-cache-b", "herald-etcd", "herald-fanout", "herald-frontdoor", "herald-ingest", "herald-nats"},
+			}
+			if clusterOverlays[o] {
+				// The cluster's etcd replaces Herald's own: nothing of it
+				// may remain.
+				for _, kind := range []string{"StatefulSet", "PodDisruptionBudget", "Service", "NetworkPolicy", "ServiceAccount"} {
+					if r.all(kind)["herald-etcd"] != nil {
+						t.Errorf("%s herald-etcd in an overlay that reads the cluster's etcd", kind)
+					}
+					want[kind] = slices.DeleteFunc(want[kind], func(n string) bool { return n == "herald-etcd" })
+				}
 			}
 			for kind, names := range want {
 				for _, n := range names {
@@ -292,7 +311,7 @@ func checkHeraldContainer(t *testing.T, r *rendering, where, svc string, c corev
 		}
 	}
 	for f, v := range args {
-		if !strings.HasSuffix(f, "-file") || v == "" {
+		if !(strings.HasSuffix(f, "-file") || f == "encryption-config") || v == "" {
 			continue
 		}
 		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return strings.HasPrefix(v, m.MountPath+"/") }) {
@@ -311,13 +330,47 @@ func checkHeraldContainer(t *testing.T, r *rendering, where, svc string, c corev
 			}
 		}
 	}
+	if clusterOverlays[r.overlay] {
+		checkClusterEtcd(t, where, svc, args)
+	}
 	for _, f := range peerFlags {
 		if v, ok := args[f]; ok {
+			if f == "etcd.endpoints" && clusterOverlays[r.overlay] {
+				continue // the cluster's etcd, outside the rendering (checkClusterEtcd)
+			}
 			for _, hp := range peerAddrs(v) {
 				if err := r.servesPort(hp); err != nil {
 					t.Errorf("%s: --%s: %v", where, f, err)
 				}
 			}
+		}
+	}
+}
+
+// checkClusterEtcd checks a service reading the cluster's etcd: https
+// endpoints, a client certificate and etcd's CA (kube-apiserver's
+// --etcd-certfile, --etcd-keyfile, --etcd-cafile), and for the caches the
+// EncryptionConfiguration. That the files lie on mounted Secret volumes is
+// checked with every other file flag.
+func checkClusterEtcd(t *testing.T, where, svc string, args map[string]string) {
+	t.Helper()
+	v, ok := args["etcd.endpoints"]
+	if !ok {
+		return // the service does not read etcd
+	}
+	for _, e := range strings.Split(v, ",") {
+		u, err := url.Parse(strings.TrimSpace(e))
+		if err != nil || u.Scheme != "https" || u.Port() == "" {
+			t.Errorf("%s: --etcd.endpoints %q: the cluster's etcd is reached as https://host:port", where, e)
+		}
+	}
+	want := []string{"etcd.tls.ca-file", "etcd.tls.cert-file", "etcd.tls.key-file"}
+	if svc == "cache" {
+		want = append(want, "encryption-config")
+	}
+	for _, f := range want {
+		if args[f] == "" {
+			t.Errorf("%s: --%s must be set to read the cluster's etcd", where, f)
 		}
 	}
 }
@@ -676,10 +729,13 @@ func TestCacheShards(t *testing.T) {
 							t.Errorf("%s %s: a cache shard must be a StatefulSet", w.kind, w.name)
 						}
 						owns[w.name] = cacheOwnership(t, w.name, args)
+						if args["shard.target"] != "" {
+							maps[w.name] = args["cache.shards"]
+						}
 					}
 				}
 			}
-			if len(maps) != 2 || len(owns) < 2 {
+			if len(maps) < 2 || maps["herald-fanout"] == "" || maps["herald-frontdoor"] == "" || len(owns) < 2 {
 				t.Fatalf("want fanout and frontdoor reading a shard map and at least 2 cache shards; got maps %v, caches %d", maps, len(owns))
 			}
 			var text string
@@ -688,7 +744,7 @@ func TestCacheShards(t *testing.T) {
 					t.Fatalf("%s has no --cache.shards", w)
 				}
 				if text != "" && m != text {
-					t.Fatalf("fanout and frontdoor read different shard maps:\n%q\n%q", text, m)
+					t.Fatalf("fanout, frontdoor and the caches read different shard maps:\n%q\n%q", text, m)
 				}
 				text = m
 			}
@@ -762,11 +818,27 @@ func (r *rendering) shardService(target string) (string, error) {
 	return ws[0].name, nil
 }
 
-// cacheOwnership is what a cache's --shard.resources and --shard.partitions
-// make it own (empty: every resource, every partition).
+// cacheOwnership is what a cache owns: what its --cache.shards routes to its
+// --shard.target, or what its --shard.resources and --shard.partitions name
+// (empty: every resource, every partition).
 func cacheOwnership(t *testing.T, where string, args map[string]string) func(*kube.Resource, int) bool {
 	t.Helper()
 	reg := defaultRegistry(t)
+	if target := args["shard.target"]; target != "" {
+		if args["shard.resources"] != "" || args["shard.partitions"] != "" {
+			t.Errorf("%s: --shard.target replaces --shard.resources and --shard.partitions", where)
+		}
+		m, err := kube.ParseShardMap(args["cache.shards"], reg)
+		if err != nil {
+			t.Errorf("%s: --cache.shards: %v", where, err)
+			return func(*kube.Resource, int) bool { return false }
+		}
+		return func(res *kube.Resource, p int) bool {
+			return slices.ContainsFunc(m.All(res), func(sh kube.Shard) bool {
+				return sh.Target == target && (sh.Partitions == nil || slices.Contains(sh.Partitions, p))
+			})
+		}
+	}
 	resources := map[string]bool{}
 	for _, id := range strings.Split(args["shard.resources"], ",") {
 		if id = strings.TrimSpace(id); id != "" {
@@ -808,4 +880,63 @@ func defaultRegistry(t *testing.T) *kube.Registry {
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// TestFanoutServiceIsHeadless: frontdoor routes each watch to the least
+// loaded fanout replica and retries another when one fails, which needs
+// every replica's address: each name in --fanout.addrs must be a headless
+// Service (one virtual IP would hide the replicas behind one address, so
+// load and failures could not be told apart) selecting the fanout pods.
+func TestFanoutServiceIsHeadless(t *testing.T) {
+	images := makeImages(t)
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, o)
+			seen := 0
+			for _, w := range r.workloads() {
+				for _, c := range w.pod.Containers {
+					if name, _ := heraldImage(c.Image, images); name != "frontdoor" {
+						continue
+					}
+					for _, a := range strings.Split(argMap(c)["fanout.addrs"], ",") {
+						u, err := url.Parse(strings.TrimSpace(a))
+						if err != nil || u.Port() == "" {
+							t.Errorf("%s %s: --fanout.addrs %q: want scheme://<Service>:<port>", w.kind, w.name, a)
+							continue
+						}
+						if net.ParseIP(u.Hostname()) != nil {
+							continue // a fixed address needs no resolving
+						}
+						seen++
+						if err := r.servesPort(u.Host); err != nil {
+							t.Errorf("%s %s: --fanout.addrs %q: %v", w.kind, w.name, a, err)
+							continue
+						}
+						svc, _ := r.all("Service")[u.Hostname()].(*corev1.Service)
+						if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+							t.Errorf("%s %s: --fanout.addrs %q: Service %s is not headless (clusterIP: None)", w.kind, w.name, a, u.Hostname())
+							continue
+						}
+						ws := r.selected(labels.SelectorFromSet(svc.Spec.Selector))
+						if len(ws) != 1 || !runsImage(ws[0], images, "fanout") {
+							t.Errorf("%s %s: Service %s must select exactly the fanout workload; selects %d", w.kind, w.name, u.Hostname(), len(ws))
+						}
+					}
+				}
+			}
+			if seen == 0 {
+				t.Fatal("no frontdoor names its fanout replicas by Service")
+			}
+		})
+	}
+}
+
+// runsImage reports whether w runs the Herald image name.
+func runsImage(w workload, images map[string]bool, name string) bool {
+	for _, c := range w.pod.Containers {
+		if n, _ := heraldImage(c.Image, images); n == name {
+			return true
+		}
+	}
+	return false
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -53,10 +55,42 @@ type Options struct {
 	// InternalTLS runs every internal hop (frontdoor and fanout to the
 	// caches, frontdoor to fanout) over mutual TLS with the dev CA.
 	InternalTLS bool
+	// NATSConfigFile, when set, is a nats-server configuration whose TLS
+	// and authorization (users, permissions) the embedded NATS enforces;
+	// the stack still sets its address, store and limits, and runs no
+	// cluster. Give ingest and the caches their nats.* flags in Flags.
+	NATSConfigFile string
+	// EtcdTLS serves etcd's clients over mutual TLS with the dev CA
+	// (EtcdEndpoint is https://; ingest and the caches get etcd.tls.*).
+	EtcdTLS bool
 	// Extra flags per service name ("ingest", "cache", "fanout", "frontdoor").
 	Flags map[string][]string
 	// Logs receives the services' output; nil writes it to Dir/logs.
 	Logs io.Writer
+	// Cluster mode: an existing cluster's etcd instead of the embedded one.
+	Cluster ClusterEtcd
+}
+
+// ClusterEtcd is the etcd of an existing cluster (kube-apiserver's
+// --etcd-servers, --etcd-cafile, --etcd-certfile, --etcd-keyfile) and how
+// its values are encrypted (kube-apiserver's
+// --encryption-provider-config). With Endpoints set no etcd is started:
+// ingest and the caches read the cluster's, which Herald never writes.
+type ClusterEtcd struct {
+	Endpoints                 string // comma-separated client URLs
+	CAFile, CertFile, KeyFile string // client TLS; empty for plain http://
+	EncryptionConfig          string // EncryptionConfiguration file, for the caches
+}
+
+// flags are the etcd flags of ingest and the caches.
+func (c ClusterEtcd) flags(endpoint string) []string {
+	out := []string{"--etcd.endpoints=" + endpoint}
+	for _, f := range []struct{ flag, file string }{{"ca-file", c.CAFile}, {"cert-file", c.CertFile}, {"key-file", c.KeyFile}} {
+		if f.file != "" {
+			out = append(out, "--etcd.tls."+f.flag+"="+f.file)
+		}
+	}
+	return out
 }
 
 // CacheShard is one cache shard: what it owns and how many replicas serve it.
@@ -71,13 +105,16 @@ type CacheShard struct {
 
 // Stack is a running Herald.
 type Stack struct {
-	opts         Options
+	opts Options
+	// Etcd is the embedded etcd (nil in cluster mode).
 	Etcd         *embed.Etcd
 	EtcdEndpoint string
 	NATS         *natsserver.Server
 	NATSURL      string
 	PKI          *PKI
 	Token        string
+	// TokenFile holds Token in kube-apiserver's --token-auth-file format.
+	TokenFile    string
 	FrontdoorURL string
 	Kubeconfig   string
 
@@ -116,19 +153,22 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			s.Stop()
 		}
 	}()
-	if err := s.startEtcd(); err != nil {
+	if s.PKI, err = EnsurePKI(filepath.Join(opts.Dir, "pki")); err != nil {
+		return nil, err
+	}
+	if opts.Cluster.Endpoints != "" {
+		s.EtcdEndpoint = opts.Cluster.Endpoints
+	} else if err := s.startEtcd(); err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
 	if err := s.startNATS(); err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
-	if s.PKI, err = EnsurePKI(filepath.Join(opts.Dir, "pki")); err != nil {
-		return nil, err
-	}
 	tokenFile := filepath.Join(opts.Dir, "tokens.csv")
 	if s.Token, err = ensureToken(tokenFile); err != nil {
 		return nil, err
 	}
+	s.TokenFile = tokenFile
 
 	port := portAllocator(opts.InternalPorts)
 	ingestAdmin := port()
@@ -150,10 +190,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 
 	for i, admin := range ingestAdmins {
-		s.add(&Proc{Name: fmt.Sprintf("ingest-%d", i), Bin: "ingest", Admin: admin, Args: append([]string{
-			"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--admin.addr=" + admin,
-			"--progress-interval=200ms", "--election.lease-ttl=2s",
-		}, opts.Flags["ingest"]...)})
+		s.add(&Proc{Name: fmt.Sprintf("ingest-%d", i), Bin: "ingest", Admin: admin, Args: append(append(opts.Cluster.flags(s.EtcdEndpoint),
+			"--nats.url="+s.NATSURL, "--admin.addr="+admin, "--progress-interval=200ms", "--election.lease-ttl=2s",
+		), opts.Flags["ingest"]...)})
 	}
 	shardMap := s.addCaches(cacheGRPC, cacheAdmin)
 	var cacheTLS, fanoutServerTLS, frontTLS []string
@@ -174,6 +213,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	for _, p := range s.procs {
 		if p.Bin == "cache" {
 			p.Args = append(p.Args, cacheTLS...)
+		}
+		if opts.EtcdTLS && (p.Bin == "cache" || p.Bin == "ingest") {
+			p.Args = append(p.Args, "--etcd.tls.ca-file="+s.PKI.CAFile, "--etcd.tls.cert-file="+s.PKI.ClientCertFile, "--etcd.tls.key-file="+s.PKI.ClientKeyFile)
 		}
 	}
 	var fanoutURLs []string
@@ -256,11 +298,15 @@ func (s *Stack) addCaches(firstGRPC, firstAdmin string) string {
 		}
 	}
 	shardMap := strings.Join(entries, ";")
+	etcd := s.opts.Cluster.flags(s.EtcdEndpoint)
+	if s.opts.Cluster.EncryptionConfig != "" {
+		etcd = append(etcd, "--encryption-config="+s.opts.Cluster.EncryptionConfig)
+	}
 	for _, p := range procs {
-		s.add(&Proc{Name: p.name, Bin: "cache", Admin: p.admin, Addrs: map[string]string{"grpc": p.grpc}, Args: append([]string{
-			"--etcd.endpoints=" + s.EtcdEndpoint, "--nats.url=" + s.NATSURL, "--grpc.addr=" + p.grpc, "--admin.addr=" + p.admin,
-			"--cache.shards=" + shardMap, "--shard.target=" + targets[p.shard],
-		}, s.opts.Flags["cache"]...)})
+		s.add(&Proc{Name: p.name, Bin: "cache", Admin: p.admin, Addrs: map[string]string{"grpc": p.grpc}, Args: append(append(slices.Clone(etcd),
+			"--nats.url="+s.NATSURL, "--grpc.addr="+p.grpc, "--admin.addr="+p.admin,
+			"--cache.shards="+shardMap, "--shard.target="+targets[p.shard],
+		), s.opts.Flags["cache"]...)})
 	}
 	return shardMap
 }
@@ -284,66 +330,141 @@ func (s *Stack) Proc(name string) *Proc {
 func (s *Stack) Procs() []*Proc { return s.procs }
 
 func (s *Stack) startEtcd() error {
+	var tlsFiles *TLSFiles
+	if s.opts.EtcdTLS {
+		tlsFiles = &TLSFiles{Cert: s.PKI.InternalCertFile, Key: s.PKI.InternalKeyFile, CA: s.PKI.CAFile}
+	}
+	e, endpoint, err := StartEtcd(s.opts.Dir, s.opts.EtcdAddr, tlsFiles)
+	if err != nil {
+		return err
+	}
+	s.Etcd, s.EtcdEndpoint = e, endpoint
+	return nil
+}
+
+// StartEtcd starts a one-member embedded etcd with its data in dir/etcd and
+// its log in dir/etcd.log, serving clients on clientAddr (a free loopback
+// port if empty), and returns it once it is ready, with its client URL.
+// Tests that need etcd alone (the history checker's) start it this way too.
+// With clientTLS, clients must use https and present a certificate signed by
+// clientTLS.CA.
+func StartEtcd(dir, clientAddr string, clientTLS *TLSFiles) (*embed.Etcd, string, error) {
+	scheme := "http"
+	if clientTLS != nil {
+		scheme = "https"
+	}
+	cfg, cu := etcdConfig(dir, clientAddr, scheme)
+	if clientTLS != nil {
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: clientTLS.Cert, KeyFile: clientTLS.Key,
+			TrustedCAFile: clientTLS.CA, ClientCertAuth: true}
+	}
+	e, err := startEtcd(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	return e, cu.String(), nil
+}
+
+// StartClusterEtcd starts an etcd like a cluster's (its data in dir/etcd):
+// clients need TLS and a client certificate from p's CA, as kube-apiserver's
+// etcd does. It returns the settings of cluster mode that reach it (client
+// certificate p's internal client one); tests add the EncryptionConfiguration.
+func StartClusterEtcd(dir string, p *PKI) (*embed.Etcd, ClusterEtcd, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, ClusterEtcd{}, err
+	}
+	e, endpoint, err := StartEtcd(dir, "", &TLSFiles{Cert: p.InternalCertFile, Key: p.InternalKeyFile, CA: p.CAFile})
+	if err != nil {
+		return nil, ClusterEtcd{}, err
+	}
+	return e, ClusterEtcd{Endpoints: endpoint, CAFile: p.CAFile, CertFile: p.ClientCertFile, KeyFile: p.ClientKeyFile}, nil
+}
+
+// etcdConfig is a one-member etcd serving clients on clientAddr (a free
+// loopback port if empty) with scheme.
+func etcdConfig(dir, clientAddr, scheme string) (*embed.Config, *url.URL) {
 	cfg := embed.NewConfig()
 	cfg.Name = "herald-dev"
-	cfg.Dir = filepath.Join(s.opts.Dir, "etcd")
-	client := s.opts.EtcdAddr
-	if client == "" {
-		client = freeAddr()
+	cfg.Dir = filepath.Join(dir, "etcd")
+	if clientAddr == "" {
+		clientAddr = freeAddr()
 	}
 	peer := freeAddr()
-	cu, _ := url.Parse("http://" + client)
+	cu, _ := url.Parse(scheme + "://" + clientAddr)
 	pu, _ := url.Parse("http://" + peer)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	cfg.LogLevel = "error"
-	cfg.LogOutputs = []string{filepath.Join(s.opts.Dir, "etcd.log")}
+	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.ListenMetricsUrls = nil
+	return cfg, cu
+}
+
+// TLSFiles are the PEM files of a TLS endpoint that requires client
+// certificates.
+type TLSFiles struct{ Cert, Key, CA string }
+
+// startEtcd starts etcd with cfg and waits until it is ready (it has a
+// leader and serves clients), closing it if it is not ready in 30s.
+func startEtcd(cfg *embed.Config) (*embed.Etcd, error) {
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		return e, nil
 	case <-time.After(30 * time.Second):
 		e.Close()
-		return errors.New("etcd did not become ready in 30s")
+		return nil, errors.New("etcd did not become ready in 30s")
 	}
-	s.Etcd, s.EtcdEndpoint = e, cu.String()
-	return nil
 }
 
 func (s *Stack) startNATS() error {
+	ns, err := StartNATS(s.opts.Dir, s.opts.NATSAddr, s.opts.NATSConfigFile)
+	if err != nil {
+		return err
+	}
+	s.NATS, s.NATSURL = ns, ns.ClientURL()
+	return nil
+}
+
+// StartNATS starts an embedded NATS server with JetStream, its store in
+// dir/nats, listening on addr (a free loopback port if empty), and returns
+// it once it accepts connections. Tests that need NATS alone (the history
+// checker's) start it this way too. A configFile (nats-server's format) adds
+// its TLS, accounts and permissions; its cluster settings are ignored.
+func StartNATS(dir, addr, configFile string) (*natsserver.Server, error) {
 	host, port := "127.0.0.1", -1
-	if s.opts.NATSAddr != "" {
-		h, p, err := net.SplitHostPort(s.opts.NATSAddr)
+	if addr != "" {
+		h, p, err := net.SplitHostPort(addr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		host = h
 		port, _ = strconv.Atoi(p)
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{
-		ServerName: "herald-dev",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   filepath.Join(s.opts.Dir, "nats"),
-		MaxPayload: 8 << 20,
-		NoSigs:     true,
-		NoLog:      true,
-	})
+	opts := &natsserver.Options{}
+	if configFile != "" {
+		if err := opts.ProcessConfigFile(configFile); err != nil {
+			return nil, err
+		}
+		opts.Cluster, opts.Routes, opts.RoutesStr = natsserver.ClusterOpts{}, nil, ""
+	}
+	opts.ServerName, opts.Host, opts.Port, opts.HTTPPort = "herald-dev", host, port, 0
+	opts.JetStream, opts.StoreDir, opts.MaxPayload = true, filepath.Join(dir, "nats"), 8<<20
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := natsserver.NewServer(opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(30 * time.Second) {
 		ns.Shutdown()
-		return errors.New("nats did not become ready in 30s")
+		return nil, errors.New("nats did not become ready in 30s")
 	}
-	s.NATS, s.NATSURL = ns, ns.ClientURL()
-	return nil
+	return ns, nil
 }
 
 // RestartNATS stops the NATS server and starts it again on the same port
@@ -359,17 +480,14 @@ func (s *Stack) RestartNATS() error {
 // RestartEtcd stops the embedded etcd and starts it again on the same
 // addresses and data (a member outage).
 func (s *Stack) RestartEtcd() error {
+	if s.Etcd == nil {
+		return errors.New("restart: etcd is external")
+	}
 	cfg := s.Etcd.Config()
 	s.Etcd.Close()
-	e, err := embed.StartEtcd(&cfg)
+	e, err := startEtcd(&cfg)
 	if err != nil {
-		return err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return errors.New("etcd did not become ready again in 30s")
+		return fmt.Errorf("restart: %w", err)
 	}
 	s.Etcd = e
 	return nil
@@ -567,8 +685,12 @@ func (s *Stack) writeStackJSON() error {
 		Addresses map[string]string `json:"addresses"`
 	}
 	self := os.Getpid()
+	etcdPID := self
+	if s.Etcd == nil {
+		etcdPID = 0 // the cluster's etcd, not ours
+	}
 	out := []entry{
-		{Name: "etcd", PID: self, Addresses: map[string]string{"client": s.EtcdEndpoint}},
+		{Name: "etcd", PID: etcdPID, Addresses: map[string]string{"client": s.EtcdEndpoint}},
 		{Name: "nats", PID: self, Addresses: map[string]string{"client": s.NATSURL}},
 	}
 	for _, p := range s.procs {

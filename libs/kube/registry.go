@@ -7,18 +7,26 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/storage"
 )
 
 // DefaultPrefix is where kube-apiserver keeps its objects in etcd.
 const DefaultPrefix = "/registry"
 
 // Partitions is the fixed number of namespace-hash partitions a resource's
-// stream subject is split into. Cache shards own sets of partitions; the
+// stream subject is split into (libs/stream formats the subjects). Cache shards own sets of partitions; the
 // number never changes, so subjects are stable across deployments.
 const Partitions = 16
 
-// Field is a selectable field of a resource: its name in a fieldSelector and
-// the JSON path (dot separated) it reads. Path defaults to Name.
+// Field is a selectable field of a resource: its name in a fieldSelector (a
+// field label) and what it compares with. Path defaults to Name. For a
+// built-in kind it is a selectable field kube-apiserver's registry computes
+// (pods' label "spec.host" compares with "spec.nodeName"); a path no
+// built-in computes is read from the object's JSON (dot separated), as for
+// custom resources.
 type Field struct {
 	Name string `json:"name"`
 	Path string `json:"path,omitempty"`
@@ -32,16 +40,28 @@ type Resource struct {
 	Plural     string   `json:"plural"`
 	Singular   string   `json:"singular,omitempty"`
 	ShortNames []string `json:"shortNames,omitempty"`
+	Categories []string `json:"categories,omitempty"`
 	Namespaced bool     `json:"namespaced"`
-	// Key is the etcd key segment(s) under the registry prefix, e.g. "pods"
-	// or "example.com/widgets". Defaults to Plural for core and built-in
-	// groups' resources; custom resources use "<group>/<plural>".
+	// Key is the etcd key segment(s) under the registry prefix, e.g. "pods",
+	// "services/specs" or "example.com/widgets". Defaults to kube-apiserver's
+	// layout for built-in resources (libs/storage's table) and to Plural
+	// otherwise; custom resources use "<group>/<plural>".
 	Key string `json:"key,omitempty"`
 	// Fields are the selectable fields besides metadata.name and
-	// metadata.namespace.
+	// metadata.namespace (and metadata.namespace of a cluster-scoped
+	// resource, which kube-apiserver accepts for most kinds). Nil for a
+	// built-in resource: the field labels kube-apiserver accepts for it.
 	Fields []Field `json:"fields,omitempty"`
 
 	keyPrefix string // "/registry/pods/"
+	// stored is how the resource's values are decoded: libs/storage's
+	// entry for a built-in resource, one made from the fields above for
+	// others (custom resources, decoded as unstructured JSON).
+	stored *storage.Resource
+	// computed marks, per entry of Fields, a field kube-apiserver's
+	// registry computes for the stored kind (read from the decoded
+	// object); the others are read from the JSON.
+	computed []bool
 }
 
 // ID names the resource inside Herald: "pods", "deployments.apps".
@@ -80,42 +100,11 @@ func (r *Resource) NamespacePrefix(namespace string) string {
 	return r.keyPrefix + namespace + "/"
 }
 
-// SubjectToken is the resource's token in stream subjects.
-func (r *Resource) SubjectToken() string { return strings.ReplaceAll(r.ID(), ".", "_") }
-
 // Partition returns the namespace-hash partition of a namespace.
 func Partition(namespace string) int {
 	h := fnv.New32a()
 	h.Write([]byte(namespace))
 	return int(h.Sum32() % Partitions)
-}
-
-// Stream subjects. Every record of one etcd revision goes to one subject, so
-// that a consumer sees a revision whole or not at all.
-const (
-	SubjectRoot = "herald.ev"
-	// SubjectMulti carries revisions that change keys of several resources or
-	// partitions; every shard consumes it.
-	SubjectMulti = "herald.ev._multi"
-	// SubjectOther carries changes to keys under the prefix that no
-	// registered resource owns. Nobody needs them but the history checker.
-	SubjectOther = "herald.ev._other"
-	// SubjectProgress carries progress markers; every shard consumes it.
-	SubjectProgress = "herald.progress"
-	// SubjectProgressRequest is a core NATS subject (not in the stream) on
-	// which caches ask the ingest leader for a progress marker.
-	SubjectProgressRequest = "herald.ctl.progress"
-)
-
-// Subject returns the stream subject of a change to an object of r in
-// namespace.
-func (r *Resource) Subject(namespace string) string {
-	return fmt.Sprintf("%s.%s.%d", SubjectRoot, r.SubjectToken(), Partition(namespace))
-}
-
-// SubjectFilter returns the subject filter matching every partition of r.
-func (r *Resource) SubjectFilter() string {
-	return SubjectRoot + "." + r.SubjectToken() + ".*"
 }
 
 // Registry is the set of served resources. It is immutable once built.
@@ -127,31 +116,29 @@ type Registry struct {
 	byKey  []*Resource          // sorted by key prefix, longest first
 }
 
-// NewRegistry validates resources and builds a registry rooted at prefix.
+// NewRegistry validates resources and builds a registry rooted at prefix. A
+// resource with the group, version and plural of a built-in one (libs/storage's
+// table) is that resource: it must agree with it on kind and scope, and
+// takes its key layout, short names, categories and field labels where it
+// leaves them out. A built-in resource whose served version differs from
+// its storage version is refused: Herald cannot convert it (see
+// storage.Resource.NeedsConversion), so it is not served from the cache.
 func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 	prefix = strings.TrimRight(prefix, "/")
 	if prefix == "" || !strings.HasPrefix(prefix, "/") {
 		return nil, fmt.Errorf("registry prefix %q must start with /", prefix)
 	}
+	builtins := storage.NewBuiltinTable()
 	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}}
 	for i := range resources {
 		r := resources[i]
 		if r.Version == "" || r.Kind == "" || r.Plural == "" {
 			return nil, fmt.Errorf("resource %d: version, kind and plural are required", i)
 		}
-		if r.Singular == "" {
-			r.Singular = strings.ToLower(r.Kind)
+		if err := r.complete(builtins); err != nil {
+			return nil, err
 		}
-		if r.Key == "" {
-			r.Key = r.Plural
-		}
-		r.Key = strings.Trim(r.Key, "/")
 		r.keyPrefix = prefix + "/" + r.Key + "/"
-		for j := range r.Fields {
-			if r.Fields[j].Path == "" {
-				r.Fields[j].Path = r.Fields[j].Name
-			}
-		}
 		if _, dup := reg.byID[r.ID()]; dup {
 			return nil, fmt.Errorf("resource %s registered twice", r.ID())
 		}
@@ -173,7 +160,7 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 }
 
 // LoadRegistry reads resources from a JSON file ({"resources":[...]}); an
-// empty path gives the defaults.
+// empty path gives the defaults (every built-in resource Herald can serve).
 func LoadRegistry(path, prefix string) (*Registry, error) {
 	if path == "" {
 		return NewRegistry(prefix, DefaultResources())
@@ -233,33 +220,109 @@ func (g *Registry) ParseKey(key string) (r *Resource, namespace, name string, ok
 	return nil, "", "", false
 }
 
-// DefaultResources is the built-in registry: the core and apps resources
-// kubelets, controllers and kube-proxies watch most.
+// DefaultResources is the built-in registry: every resource of
+// libs/storage's built-in table (kube-apiserver's resources, key layouts,
+// short names, categories and field labels) whose served version is its
+// storage version, in the table's order.
 func DefaultResources() []Resource {
-	f := func(names ...string) []Field {
-		out := make([]Field, len(names))
-		for i, n := range names {
-			out[i] = Field{Name: n}
+	var out []Resource
+	for _, st := range storage.Builtins() {
+		if st.NeedsConversion() {
+			continue
 		}
-		return out
+		out = append(out, Resource{
+			Group: st.Group, Version: st.Version, Kind: st.Kind, Plural: st.Resource,
+			ShortNames: st.ShortNames, Categories: st.Categories, Namespaced: st.Namespaced,
+			Key: st.KeyPrefix, Fields: builtinFields(st),
+		})
 	}
-	return []Resource{
-		{Version: "v1", Kind: "Pod", Plural: "pods", ShortNames: []string{"po"}, Namespaced: true,
-			Fields: f("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-				"spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName")},
-		{Version: "v1", Kind: "Node", Plural: "nodes", ShortNames: []string{"no"},
-			Fields: f("spec.unschedulable")},
-		{Version: "v1", Kind: "Service", Plural: "services", ShortNames: []string{"svc"}, Namespaced: true},
-		{Version: "v1", Kind: "Endpoints", Plural: "endpoints", ShortNames: []string{"ep"}, Namespaced: true},
-		{Version: "v1", Kind: "ConfigMap", Plural: "configmaps", ShortNames: []string{"cm"}, Namespaced: true},
-		{Version: "v1", Kind: "Namespace", Plural: "namespaces", ShortNames: []string{"ns"}, Fields: f("status.phase")},
-		{Version: "v1", Kind: "Event", Plural: "events", ShortNames: []string{"ev"}, Namespaced: true,
-			Fields: append(f("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-				"involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-				"involvedObject.fieldPath", "reason", "reportingComponent", "type"),
-				Field{Name: "source", Path: "source.component"})},
-		{Group: "apps", Version: "v1", Kind: "Deployment", Plural: "deployments", ShortNames: []string{"deploy"}, Namespaced: true},
-		{Group: "apps", Version: "v1", Kind: "ReplicaSet", Plural: "replicasets", ShortNames: []string{"rs"}, Namespaced: true,
-			Fields: f("status.replicas")},
-	}
+	return out
 }
+
+// builtinFields are the field labels of a built-in resource as Fields, in a
+// stable order, without those every resource of its scope accepts anyway.
+func builtinFields(st *storage.Resource) []Field {
+	out := []Field{}
+	for label, field := range st.FieldLabels {
+		if label == "metadata.name" || (label == "metadata.namespace" && st.Namespaced) {
+			continue
+		}
+		out = append(out, Field{Name: label, Path: field})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// complete fills in r's defaults and its storage description.
+func (r *Resource) complete(builtins *storage.Table) error {
+	gvr := schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: r.Plural}
+	st := builtins.Lookup(gvr)
+	if st != nil {
+		switch {
+		case st.NeedsConversion():
+			return fmt.Errorf("resource %s: stored as %s, served as %s: Herald cannot convert it, so it is not served from the cache",
+				r.ID(), st.StorageGVK(), st.ServedGVK())
+		case st.Kind != r.Kind || st.Namespaced != r.Namespaced:
+			return fmt.Errorf("resource %s: kind %s, namespaced %v; kube-apiserver serves kind %s, namespaced %v",
+				r.ID(), r.Kind, r.Namespaced, st.Kind, st.Namespaced)
+		}
+		if r.Key == "" {
+			r.Key = st.KeyPrefix
+		}
+		if r.ShortNames == nil {
+			r.ShortNames = st.ShortNames
+		}
+		if r.Categories == nil {
+			r.Categories = st.Categories
+		}
+		if r.Fields == nil {
+			r.Fields = builtinFields(st)
+		}
+	}
+	if r.Singular == "" {
+		r.Singular = strings.ToLower(r.Kind)
+	}
+	if r.Key == "" {
+		r.Key = r.Plural
+	}
+	r.Key = strings.Trim(r.Key, "/")
+	if r.Key == "" {
+		return fmt.Errorf("resource %s: empty key", r.ID())
+	}
+	r.Fields = append([]Field(nil), r.Fields...)
+	for j := range r.Fields {
+		if r.Fields[j].Path == "" {
+			r.Fields[j].Path = r.Fields[j].Name
+		}
+	}
+	stored := &storage.Resource{
+		Group: r.Group, Version: r.Version, Resource: r.Plural, Kind: r.Kind,
+		StorageGroup: r.Group, StorageVersion: r.Version, StorageKind: r.Kind,
+		Namespaced: r.Namespaced,
+	}
+	if st != nil {
+		c := *st
+		stored = &c
+	}
+	stored.KeyPrefix = r.Key
+	r.stored = stored
+	// The fields the stored kind's registry computes: every target of the
+	// built-in's field labels. Others (a registry file's own fields, custom
+	// resources) are read from the JSON.
+	r.computed = make([]bool, len(r.Fields))
+	for j, f := range r.Fields {
+		if st == nil {
+			continue
+		}
+		for _, target := range st.FieldLabels {
+			if target == f.Path {
+				r.computed[j] = true
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// Stored describes how r's values are kept in etcd (shared, never modify).
+func (r *Resource) Stored() *storage.Resource { return r.stored }

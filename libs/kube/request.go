@@ -1,13 +1,21 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"herald.dev/libs/rv"
 )
 
 // Verb is one of the read verbs Herald serves.
@@ -40,7 +48,7 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	case len(parts) >= 3 && parts[0] == "apis":
 		group, version, rest = parts[1], parts[2], parts[3:]
 	default:
-		return RequestInfo{}, apierrors.NewNotFound(groupResource("", ""), "")
+		return RequestInfo{}, notFoundPath()
 	}
 	watchPath := false
 	if len(rest) > 0 && rest[0] == "watch" { // deprecated /watch/ paths
@@ -51,15 +59,15 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 		ns, rest = rest[1], rest[2:]
 	}
 	if len(rest) == 0 {
-		return RequestInfo{}, apierrors.NewNotFound(groupResource(group, ""), "")
+		return RequestInfo{}, notFoundPath()
 	}
 	res, ok := g.Lookup(group, version, rest[0])
 	if !ok {
-		return RequestInfo{}, apierrors.NewNotFound(groupResource(group, rest[0]), "")
+		return RequestInfo{}, notFoundPath()
 	}
 	info := RequestInfo{Resource: res, Namespace: ns, Verb: VerbList}
-	if len(rest) > 2 {
-		return RequestInfo{}, apierrors.NewMethodNotSupported(groupResource(group, rest[0]), "get "+strings.Join(rest[2:], "/"))
+	if len(rest) > 2 { // a subresource: none is served from the cache
+		return RequestInfo{}, notFoundPath()
 	}
 	if len(rest) == 2 {
 		info.Name, info.Verb = rest[1], VerbGet
@@ -93,6 +101,130 @@ func validPathSegment(s string) bool {
 	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/%")
 }
 
+// notFoundPath is kube-apiserver's 404 for a path no route serves (an
+// unknown version, resource or subresource): "the server could not find the
+// requested resource", with empty details.
+func notFoundPath() error {
+	return apierrors.NewGenericServerResponse(http.StatusNotFound, "", schema.GroupResource{}, "", "", 0, false)
+}
+
 func groupResource(group, resource string) schema.GroupResource {
 	return schema.GroupResource{Group: group, Resource: resource}
+}
+
+// WatchRequest is a watch's options, parsed and validated once: frontdoor
+// parses the client's query with ParseWatch (answering a bad one before any
+// replica is asked) and forwards Query's canonical encoding; fanout decodes
+// that with ParseWatch again. One parser means the two hops can never
+// disagree about what a watch asked for.
+//
+// Only the options a watch uses survive Query; anything else a client sent
+// (limit, continue, pretty...) is dropped on the internal hop.
+type WatchRequest struct {
+	// As the client sent them: Query forwards these.
+	LabelSelector        string
+	FieldSelector        string
+	ResourceVersion      string
+	ResourceVersionMatch string
+	SendInitialEvents    *bool // nil: not sent
+	AllowWatchBookmarks  bool
+	// TimeoutSeconds: 0 when not sent (or 0): the server picks the timeout.
+	TimeoutSeconds int64
+
+	// Selector is the request's namespace and selectors, with the path's
+	// name (a watch on /{resource}/{name}) folded into the field selector.
+	Selector *Selector
+	// Plan is where the watch starts (libs/rv).
+	Plan rv.WatchPlan
+}
+
+// ParseWatch validates a watch's options for the request info describes.
+// Errors are the Kubernetes Status errors kube-apiserver returns: 400 for a
+// malformed value or selector, 422 for an invalid combination of
+// resourceVersion, resourceVersionMatch and sendInitialEvents.
+func ParseWatch(info RequestInfo, q url.Values) (*WatchRequest, error) {
+	w := &WatchRequest{
+		LabelSelector: q.Get("labelSelector"), FieldSelector: q.Get("fieldSelector"),
+		ResourceVersion: q.Get("resourceVersion"), ResourceVersionMatch: q.Get("resourceVersionMatch"),
+	}
+	fieldSel := w.FieldSelector
+	if info.Name != "" {
+		// A watch on /{resource}/{name} watches one object.
+		fs, err := fields.ParseSelector(fieldSel)
+		if err != nil {
+			return nil, apierrors.NewBadRequest("invalid field selector: " + err.Error())
+		}
+		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
+	}
+	sel, err := ParseSelector(info.Resource, info.Namespace, w.LabelSelector, fieldSel)
+	if err != nil {
+		return nil, OptionError(err)
+	}
+	w.Selector = sel
+	if v := q.Get("sendInitialEvents"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, apierrors.NewBadRequest("sendInitialEvents must be true or false")
+		}
+		w.SendInitialEvents = &b
+	}
+	if v := q.Get("allowWatchBookmarks"); v != "" {
+		if w.AllowWatchBookmarks, err = strconv.ParseBool(v); err != nil {
+			return nil, apierrors.NewBadRequest("allowWatchBookmarks must be true or false")
+		}
+	}
+	if w.Plan, err = rv.PlanWatch(w.ResourceVersion, w.ResourceVersionMatch, w.SendInitialEvents, w.AllowWatchBookmarks); err != nil {
+		return nil, OptionError(err)
+	}
+	if v := q.Get("timeoutSeconds"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return nil, apierrors.NewBadRequest("timeoutSeconds must be a non-negative integer")
+		}
+		w.TimeoutSeconds = n
+	}
+	return w, nil
+}
+
+// Query is w's canonical encoding (with watch=true): ParseWatch of it, for
+// the same path, gives back w.
+func (w *WatchRequest) Query() url.Values {
+	q := url.Values{"watch": {"true"}}
+	set := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	set("labelSelector", w.LabelSelector)
+	set("fieldSelector", w.FieldSelector)
+	set("resourceVersion", w.ResourceVersion)
+	set("resourceVersionMatch", w.ResourceVersionMatch)
+	if w.SendInitialEvents != nil {
+		q.Set("sendInitialEvents", strconv.FormatBool(*w.SendInitialEvents))
+	}
+	if w.AllowWatchBookmarks {
+		q.Set("allowWatchBookmarks", "true")
+	}
+	if w.TimeoutSeconds > 0 {
+		q.Set("timeoutSeconds", strconv.FormatInt(w.TimeoutSeconds, 10))
+	}
+	return q
+}
+
+// OptionError maps an error of libs/rv (resourceVersion, continue tokens)
+// or of selector parsing to its Kubernetes Status: malformed values are 400,
+// invalid combinations 422 (as the cache's gRPC errors map in FromGRPC, so a
+// client sees the same Status whichever hop rejected its request).
+func OptionError(err error) error {
+	switch {
+	case errors.Is(err, rv.ErrMalformed):
+		return FromGRPC(status.Error(codes.InvalidArgument, err.Error()))
+	case errors.Is(err, rv.ErrInvalidCombination):
+		return FromGRPC(status.Error(codes.FailedPrecondition, err.Error()))
+	}
+	var api apierrors.APIStatus
+	if errors.As(err, &api) {
+		return err
+	}
+	return apierrors.NewBadRequest(err.Error())
 }

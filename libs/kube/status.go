@@ -40,6 +40,7 @@ func WriteStatus(w http.ResponseWriter, err error) int {
 		w.Header().Set("Retry-After", strconv.Itoa(int(s.Details.RetryAfterSeconds)))
 	}
 	b, _ := json.Marshal(s)
+	b = append(b, '\n') // kube's JSON serializer ends a document with a newline
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(int(s.Code))

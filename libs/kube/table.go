@@ -3,28 +3,12 @@ package kube
 import (
 	"encoding/json"
 	"strconv"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
-
-// WantsTable reports whether an Accept header asks for a meta.k8s.io Table
-// (as kubectl get does), in the first acceptable position.
-func WantsTable(accept string) bool {
-	for _, part := range strings.Split(accept, ",") {
-		part = strings.TrimSpace(part)
-		if strings.Contains(part, "as=Table") && strings.Contains(part, "g=meta.k8s.io") {
-			return true
-		}
-		if strings.HasPrefix(part, "application/json") || strings.HasPrefix(part, "*/*") {
-			return false
-		}
-	}
-	return false
-}
 
 // tableObject is the part of an object a Table row needs.
 type tableObject struct {

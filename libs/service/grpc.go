@@ -1,12 +1,15 @@
 package service
 
 import (
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -107,3 +110,77 @@ type staticResolver struct{}
 
 func (staticResolver) ResolveNow(resolver.ResolveNowOptions) {}
 func (staticResolver) Close()                                {}
+
+// CacheConns are a client's connections to the cache shards, one per shard
+// target, made on first use. Its readiness (Connected) is "every shard has
+// been reached once": a replica that cannot reach a shard yet must not take
+// traffic, but one that lost a shard later stays in, since it retries and a
+// shard's outage would otherwise take every client replica out at once.
+type CacheConns struct {
+	creds   credentials.TransportCredentials
+	maxRecv int
+	opts    []grpc.DialOption
+
+	mu      sync.Mutex
+	targets []string
+	conns   map[string]*grpc.ClientConn
+	reached map[string]bool
+}
+
+// NewCacheConns makes connections with DialCache's arguments.
+func NewCacheConns(creds credentials.TransportCredentials, maxRecv int, opts ...grpc.DialOption) *CacheConns {
+	return &CacheConns{creds: creds, maxRecv: maxRecv, opts: opts, conns: map[string]*grpc.ClientConn{}, reached: map[string]bool{}}
+}
+
+// Dial returns the connection to target, opening it (and starting to
+// connect at once) on first use.
+func (c *CacheConns) Dial(target string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if conn, ok := c.conns[target]; ok {
+		return conn, nil
+	}
+	conn, err := DialCache(target, c.creds, c.maxRecv, c.opts...)
+	if err != nil {
+		return nil, err
+	}
+	conn.Connect()
+	c.targets = append(c.targets, target)
+	c.conns[target] = conn
+	return conn, nil
+}
+
+// Connected is the readiness check: nil once every shard dialled has had a
+// ready connection. It never blocks.
+func (c *CacheConns) Connected() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var waiting []string
+	for _, t := range c.targets {
+		if c.reached[t] {
+			continue
+		}
+		conn := c.conns[t]
+		if st := conn.GetState(); st == connectivity.Ready {
+			c.reached[t] = true
+		} else {
+			conn.Connect() // an idle channel connects only when asked
+			waiting = append(waiting, fmt.Sprintf("%s (%s)", t, st))
+		}
+	}
+	if len(waiting) > 0 {
+		return fmt.Errorf("cache shards not reached yet: %s", strings.Join(waiting, ", "))
+	}
+	return nil
+}
+
+// Close closes every connection.
+func (c *CacheConns) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, conn := range c.conns {
+		errs = append(errs, conn.Close())
+	}
+	return errors.Join(errs...)
+}

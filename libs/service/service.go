@@ -1,29 +1,35 @@
-// Package service owns what every Herald process has in common: reading
-// flags from HERALD_* environment variables, the logger, and the admin HTTP
-// server with /livez, /readyz, /metrics and /debug/pprof.
+// Package service owns the plumbing every Herald process shares, so that it
+// is written once:
+//
+//   - the process (process.go): flags read from the command line and
+//     HERALD_* environment variables, the logger, tracing, the admin server,
+//     and running one component until a signal (Main);
+//   - the lifecycle (lifecycle.go): New -> Starting -> Running -> Stopping ->
+//     Terminated (or Failed), dskit's services.Service in small; /readyz
+//     passes only while the component is Running and its own checks pass;
+//   - the admin HTTP server (admin.go): /livez, /readyz, /metrics,
+//     /debug/pprof;
+//   - TLS (tls.go) on internal hops, server and client side, certificates
+//     reloaded when their files change (reload.go);
+//   - HTTP (http.go): HTTP/2 in plaintext (h2c), gzip negotiation, and an
+//     http.Server run as a lifecycle's parts; gRPC clients of the cache
+//     (grpc.go);
+//   - the option groups several services share (options.go), so that a
+//     flag means the same everywhere.
 //
 // It holds no package state: every process builds its own Admin with its own
-// prometheus.Registry.
+// prometheus.Registry, its own Telemetry, its own lifecycle. It must never
+// know what a component does: components hand it functions.
 package service
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
-	"sync"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // EnvName is the environment variable that sets a flag: HERALD_ and the
@@ -84,91 +90,3 @@ func (c *LogConfig) NewLogger(w io.Writer, component string) (*slog.Logger, erro
 	}
 	return slog.New(traceHandler{h}).With("component", component), nil
 }
-
-// Admin is a process's operational HTTP server.
-type Admin struct {
-	Registry *prometheus.Registry
-
-	mu     sync.Mutex
-	checks map[string]func() error
-	mux    *http.ServeMux
-	srv    *http.Server
-	ln     net.Listener
-}
-
-// NewAdmin creates the admin server's registry (with Go and process
-// collectors) and handlers. Call Serve to start it.
-func NewAdmin() *Admin {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux := http.NewServeMux()
-	a := &Admin{Registry: reg, checks: map[string]func() error{}, mux: mux}
-	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("/readyz", a.readyz)
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	a.srv = &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
-	return a
-}
-
-// Handle adds an operational endpoint (before Serve).
-func (a *Admin) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
-
-// AddReadyCheck adds a named readiness condition; /readyz fails while any
-// check returns an error.
-func (a *Admin) AddReadyCheck(name string, check func() error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.checks[name] = check
-}
-
-func (a *Admin) readyz(w http.ResponseWriter, r *http.Request) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var b strings.Builder
-	ok := true
-	for name, check := range a.checks {
-		if err := check(); err != nil {
-			ok = false
-			fmt.Fprintf(&b, "[-]%s failed: %v\n", name, err)
-		} else {
-			fmt.Fprintf(&b, "[+]%s ok\n", name)
-		}
-	}
-	if !ok {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		b.WriteString("readyz check failed\n")
-	} else {
-		b.WriteString("readyz check passed\n")
-	}
-	io.WriteString(w, b.String())
-}
-
-// Serve listens on addr and serves until ctx ends.
-func (a *Admin) Serve(ctx context.Context, addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
-	}
-	a.ln = ln
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		a.srv.Shutdown(sctx)
-	}()
-	go a.srv.Serve(ln)
-	return nil
-}
-
-// Addr is the listening address once Serve has returned.
-func (a *Admin) Addr() string { return a.ln.Addr().String() }

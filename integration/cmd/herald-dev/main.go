@@ -2,6 +2,17 @@
 // embedded etcd on 127.0.0.1:2379, embedded NATS JetStream on
 // 127.0.0.1:4222, and every service as its own process, frontdoor on
 // https://127.0.0.1:6443. State lives in --dir and survives a restart.
+//
+// Cluster mode: with HERALD_ETCD=<endpoints> no etcd is started and Herald
+// reads an existing cluster's etcd (client TLS from HERALD_ETCD_CA,
+// HERALD_ETCD_CERT and HERALD_ETCD_KEY), decrypting with the cluster's
+// EncryptionConfiguration from HERALD_ENCRYPTION_CONFIG.
+//
+// HERALD_UPSTREAM=<kubeconfig> puts frontdoor in front of that cluster's
+// kube-apiserver (cluster mode): everything it does not serve from the
+// cache goes there as the caller, and callers are authenticated and
+// authorized by the cluster. The kubeconfig's credentials are Herald's own
+// (they need the ClusterRole of deploy/k8s/overlays/cluster).
 package main
 
 import (
@@ -28,9 +39,43 @@ func main() {
 	}
 }
 
+// clusterFromEnv reads cluster mode's settings; files become absolute paths
+// (the services run in other directories).
+func clusterFromEnv() (stack.ClusterEtcd, error) {
+	c := stack.ClusterEtcd{Endpoints: os.Getenv("HERALD_ETCD")}
+	for _, f := range []struct {
+		env  string
+		dest *string
+	}{
+		{"HERALD_ETCD_CA", &c.CAFile}, {"HERALD_ETCD_CERT", &c.CertFile}, {"HERALD_ETCD_KEY", &c.KeyFile},
+		{"HERALD_ENCRYPTION_CONFIG", &c.EncryptionConfig},
+	} {
+		v := os.Getenv(f.env)
+		if v == "" {
+			continue
+		}
+		if c.Endpoints == "" && f.env != "HERALD_ENCRYPTION_CONFIG" {
+			return c, fmt.Errorf("%s needs HERALD_ETCD", f.env)
+		}
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			return c, fmt.Errorf("%s: %w", f.env, err)
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return c, fmt.Errorf("%s: %w", f.env, err)
+		}
+		*f.dest = abs
+	}
+	return c, nil
+}
+
 func run(dir, bin string, fanouts int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	cluster, err := clusterFromEnv()
+	if err != nil {
+		return err
+	}
 	dir, _ = filepath.Abs(dir)
 	if bin == "" {
 		bin = filepath.Join(dir, "bin")
@@ -41,15 +86,26 @@ func run(dir, bin string, fanouts int) error {
 			}
 		}
 	}
+	flags := map[string][]string{}
+	if up := os.Getenv("HERALD_UPSTREAM"); up != "" {
+		abs, err := filepath.Abs(up)
+		if err != nil {
+			return err
+		}
+		flags["frontdoor"] = append(flags["frontdoor"], "--upstream.kubeconfig="+abs)
+		fmt.Println("cluster mode: frontdoor forwards to the kube-apiserver of", abs)
+	}
 	start := time.Now()
 	s, err := stack.Start(ctx, stack.Options{
 		Dir:           dir,
 		BinDir:        bin,
+		Cluster:       cluster,
 		EtcdAddr:      "127.0.0.1:2379",
 		NATSAddr:      "127.0.0.1:4222",
 		FrontdoorAddr: "127.0.0.1:6443",
 		InternalPorts: []int{9000, 7100, 9100, 7200, 9200, 9300},
 		Fanouts:       fanouts,
+		Flags:         flags,
 	})
 	if err != nil {
 		return err
@@ -58,8 +114,12 @@ func run(dir, bin string, fanouts int) error {
 	if err != nil {
 		rel = s.Kubeconfig
 	}
-	fmt.Printf("herald is ready in %s: etcd %s, NATS %s, API %s — try: kubectl --kubeconfig %s get pods -A  (logs in %s, Ctrl-C stops)\n",
-		time.Since(start).Round(100*time.Millisecond), s.EtcdEndpoint, s.NATSURL, s.FrontdoorURL, rel, filepath.Join(dir, "logs"))
+	mode := "etcd"
+	if cluster.Endpoints != "" {
+		mode = "the cluster's etcd"
+	}
+	fmt.Printf("herald is ready in %s: %s %s, NATS %s, API %s — try: kubectl --kubeconfig %s get pods -A  (logs in %s, Ctrl-C stops)\n",
+		time.Since(start).Round(100*time.Millisecond), mode, s.EtcdEndpoint, s.NATSURL, s.FrontdoorURL, rel, filepath.Join(dir, "logs"))
 	<-ctx.Done()
 	fmt.Println("stopping herald...")
 	s.Stop()

@@ -54,7 +54,8 @@ func run(endpoint string, pods, nodes int, churn time.Duration) error {
 		name := fmt.Sprintf("node-%d", i)
 		b, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Node",
 			"metadata": map[string]any{"name": name, "creationTimestamp": time.Now().UTC().Format(time.RFC3339)}})
-		if _, err := cli.Put(ctx, "/registry/nodes/"+name, string(b)); err != nil {
+		// kube-apiserver keeps Nodes under their historical key, minions.
+		if _, err := cli.Put(ctx, "/registry/minions/"+name, string(b)); err != nil {
 			return err
 		}
 	}

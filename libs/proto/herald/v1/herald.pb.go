@@ -716,6 +716,14 @@ type WatchRequest struct {
 	// events after it. Used to assemble one state across the shards of a split
 	// resource.
 	StateRevision int64 `protobuf:"varint,8,opt,name=state_revision,json=stateRevision,proto3" json:"state_revision,omitempty"`
+	// A watcher's label and field selectors (kube-apiserver syntax; the
+	// cache parses them as for a LIST). Only events that can concern such a
+	// watcher are sent: those whose object, or for MODIFIED whose previous
+	// object, matches (an object that stops matching must still reach the
+	// watcher, which sees it as DELETED). BOOKMARKs are always sent, so the
+	// stream still says how far it is complete. Empty: every event.
+	LabelSelector string `protobuf:"bytes,9,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	FieldSelector string `protobuf:"bytes,10,opt,name=field_selector,json=fieldSelector,proto3" json:"field_selector,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -804,6 +812,20 @@ func (x *WatchRequest) GetStateRevision() int64 {
 		return x.StateRevision
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetLabelSelector() string {
+	if x != nil {
+		return x.LabelSelector
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetFieldSelector() string {
+	if x != nil {
+		return x.FieldSelector
+	}
+	return ""
 }
 
 // WatchResponse carries a batch of events in non-decreasing revision order
@@ -931,7 +953,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
 	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01\x12\x12\n" +
 	"\x04keys\x18\x05 \x03(\tR\x04keysB\x17\n" +
-	"\x15_remaining_item_count\"\x98\x02\n" +
+	"\x15_remaining_item_count\"\xe6\x02\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -942,7 +964,10 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\n" +
 	"consistent\x18\a \x01(\bR\n" +
 	"consistent\x12%\n" +
-	"\x0estate_revision\x18\b \x01(\x03R\rstateRevision\"9\n" +
+	"\x0estate_revision\x18\b \x01(\x03R\rstateRevision\x12%\n" +
+	"\x0elabel_selector\x18\t \x01(\tR\rlabelSelector\x12%\n" +
+	"\x0efield_selector\x18\n" +
+	" \x01(\tR\rfieldSelector\"9\n" +
 	"\rWatchResponse\x12(\n" +
 	"\x06events\x18\x01 \x03(\v2\x10.herald.v1.EventR\x06events*[\n" +
 	"\tEventType\x12\x1a\n" +

@@ -14,12 +14,8 @@ import (
 
 // Config is the whole configuration of a cache shard replica.
 type Config struct {
-	EtcdEndpoints   string
-	EtcdDialTimeout time.Duration
-	Prefix          string
-	ResourcesFile   string
-	NATSURL         string
-	Stream          string
+	service.SourceConfig
+	service.AdminConfig
 	// Resources this shard owns (registry IDs); empty for all.
 	Resources string
 	// Partitions of each owned resource this shard owns; empty for all.
@@ -34,18 +30,17 @@ type Config struct {
 	SubscriberBuffer  int
 	GRPCAddr          string
 	GRPCTLS           service.ServerTLS
-	AdminAddr         string
 	MaxRecvBytes      int
+	// EncryptionConfig is kube-apiserver's EncryptionConfiguration file
+	// (its --encryption-provider-config): how to decrypt values encrypted
+	// at rest. Empty: nothing is encrypted.
+	EncryptionConfig string
+	DeepReplays      int
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.EtcdEndpoints, "etcd.endpoints", "http://127.0.0.1:2379", "Comma-separated etcd client URLs (snapshots and consistent reads).")
-	fs.DurationVar(&c.EtcdDialTimeout, "etcd.dial-timeout", 5*time.Second, "Timeout for connecting to etcd.")
-	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
-	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
-	fs.StringVar(&c.NATSURL, "nats.url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated.")
-	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
+	c.SourceConfig.RegisterFlags(fs, " (snapshots and consistent reads)")
 	fs.StringVar(&c.Resources, "shard.resources", "", "Comma-separated resource IDs this shard owns (e.g. pods,deployments.apps); empty for all.")
 	fs.StringVar(&c.Partitions, "shard.partitions", "", fmt.Sprintf("Namespace partitions (0-%d) of the owned resources, e.g. 0-7 or 0,2,4-5; empty for all.", kube.Partitions-1))
 	fs.StringVar(&c.ShardMap, "cache.shards", "", "The shard map frontdoor and fanout use; with shard.target, this shard owns what the map routes to that target.")
@@ -55,17 +50,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.WaitTimeout, "wait-timeout", 3*time.Second, "How long a read waits for the shard to reach a requested or etcd's current revision.")
 	fs.IntVar(&c.SubscriberBuffer, "subscriber-buffer", 4096, "Revisions buffered per following watch stream before it is cut off as too slow.")
 	fs.StringVar(&c.GRPCAddr, "grpc.addr", "127.0.0.1:7100", "Address of the gRPC server (List, Watch).")
-	c.GRPCTLS.RegisterFlags(fs, "grpc")
-	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9100", "Address of the admin server (/livez, /readyz, /metrics).")
+	c.GRPCTLS.RegisterFlagsWithPrefix("grpc", fs)
+	c.AdminConfig.RegisterFlags(fs, "127.0.0.1:9100", "")
 	fs.IntVar(&c.MaxRecvBytes, "grpc.max-recv-bytes", 1<<20, "Largest gRPC request accepted.")
+	fs.StringVar(&c.EncryptionConfig, "encryption-config", "", "kube-apiserver's EncryptionConfiguration file (apiserver.config.k8s.io/v1, as given to its --encryption-provider-config): decrypts values encrypted at rest (aescbc, aesgcm, secretbox, identity; KMS values are skipped). Empty: nothing is encrypted.")
+	fs.IntVar(&c.DeepReplays, "deep-replay.concurrency", 4, "Deep resumes (watches older than the window, replayed from the stream) served at once; more wait their turn.")
 }
 
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
-	var errs []error
-	if strings.TrimSpace(c.EtcdEndpoints) == "" {
-		errs = append(errs, errors.New("etcd.endpoints is empty"))
-	}
+	errs := []error{c.SourceConfig.Validate()}
 	if _, err := c.partitionSet(); err != nil {
 		errs = append(errs, err)
 	}
@@ -84,20 +78,10 @@ func (c *Config) Validate() error {
 	if c.DefaultWindowSize < 1 {
 		errs = append(errs, errors.New("default-watch-cache-size must be at least 1"))
 	}
-	if c.WaitTimeout <= 0 || c.SubscriberBuffer < 1 {
-		errs = append(errs, errors.New("wait-timeout and subscriber-buffer must be positive"))
+	if c.WaitTimeout <= 0 || c.SubscriberBuffer < 1 || c.DeepReplays < 1 {
+		errs = append(errs, errors.New("wait-timeout, subscriber-buffer and deep-replay.concurrency must be positive"))
 	}
 	return errors.Join(errs...)
-}
-
-func (c *Config) endpoints() []string {
-	var out []string
-	for _, e := range strings.Split(c.EtcdEndpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // ownership returns, by resource ID, the namespace partitions this shard

@@ -10,10 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/stream"
 )
 
 // deepReplay sends the events of rs (in namespace, or all) with revisions in
@@ -22,45 +22,49 @@ import (
 // the stream still holds that history. The previous state of a modified
 // object, needed for selector transitions, comes from an earlier record of
 // the same replay or from etcd's history at the revision before.
+//
+// Memory is bounded per replay: records are read from the stream and sent
+// as they come (send blocks on the gRPC stream's flow control, so a slow
+// reader slows the replay, it does not buffer it), and only the last state
+// of each object met on the way is kept. At most --deep-replay.concurrency
+// replays run at once; the others wait for a slot. The replay stops as soon
+// as ctx ends (its client went away).
 func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
-	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
 	}
-	info, err := stream.Info(ctx)
-	if err != nil || info.State.Msgs == 0 {
+	if start, err := stream.HistoryStart(ctx, st); err != nil || after < start {
 		return tooOld()
 	}
-	first, err := stream.GetMsg(ctx, info.State.FirstSeq)
+	release, err := s.deep.Acquire(ctx)
 	if err != nil {
-		return tooOld()
+		return status.FromContextError(err).Err()
 	}
-	var rec heraldv1.Record
-	if proto.Unmarshal(first.Data, &rec) != nil {
-		return tooOld()
-	}
-	// The stream is complete after completeAfter: a progress marker says
-	// everything up to it was appended; a revision's first part says the
-	// revisions before it had nothing to append (or aged out before it).
-	completeAfter := rec.Revision
-	if !rec.Progress && !rec.Resync && rec.Part == 0 {
-		completeAfter = rec.Revision - 1
-	}
-	if after < completeAfter {
-		return tooOld()
-	}
-	seq, err := startSequence(ctx, stream, after)
+	defer release()
+	seq, err := stream.SeqAfter(ctx, st, after)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
 	}
-	subjects := []string{kube.SubjectMulti, kube.SubjectProgress, rs.res.SubjectFilter()}
-	if namespace != "" {
-		subjects[2] = rs.res.Subject(namespace)
+	subjects := []string{stream.SubjectMulti, stream.SubjectProgress}
+	switch {
+	case namespace != "":
+		subjects = append(subjects, stream.Subject(rs.res, namespace))
+	case rs.parts != nil:
+		// Only the owned partitions: a shard of a split resource reads
+		// its share of the history, not all of it.
+		for p := range kube.Partitions {
+			if rs.parts[p] {
+				subjects = append(subjects, stream.PartitionSubject(rs.res, p))
+			}
+		}
+	default:
+		subjects = append(subjects, stream.Filter(rs.res))
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq,
 	})
 	if err != nil {
@@ -72,14 +76,14 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 	}
 	defer it.Stop()
 	seen := map[string]*kube.Object{}
-	var changes []*heraldv1.Change
+	var asm stream.Assembler
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "reading the stream: %v", err)
 		}
-		var rec heraldv1.Record
-		if err := proto.Unmarshal(msg.Data(), &rec); err != nil {
+		rec, err := stream.Decode(msg.Data())
+		if err != nil {
 			continue
 		}
 		if rec.Revision > upTo {
@@ -94,8 +98,8 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 			}
 			continue
 		}
-		changes = append(changes, rec.Changes...)
-		if rec.Part+1 < rec.Parts {
+		changes, complete := asm.Add(rec)
+		if !complete {
 			continue
 		}
 		for _, c := range changes {
@@ -109,7 +113,6 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 				}
 			}
 		}
-		changes = nil
 		if rec.Revision == upTo {
 			return nil
 		}
@@ -125,37 +128,26 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}
-	ev := &heraldv1.Event{Revision: rev, Namespace: ns, Name: name}
-	switch c.Kind {
-	case heraldv1.Change_PUT:
-		obj, err := kube.Prepare(r, ns, name, c.Value, rev)
-		if err != nil {
-			return nil, nil // skipped when it was applied, too
+	ev, obj, err := stream.Event(ctx, s.dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+		switch {
+		case c.Kind == heraldv1.Change_DELETE:
+			return seen[c.Key], nil
+		case c.CreateRevision == rev:
+			return nil, nil // created at rev: there was nothing before
 		}
-		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_ADDED, obj.JSON, obj.Labels, obj.Fields
-		if c.CreateRevision != rev {
-			prev, err := s.previous(ctx, r, ns, name, c.Key, rev, seen)
-			if err != nil {
-				return nil, err
-			}
-			if prev != nil {
-				ev.Type = heraldv1.EventType_MODIFIED
-				ev.PrevObject, ev.PrevLabels, ev.PrevFields = prev.WithRev(rev), prev.Labels, prev.Fields
-			}
-		}
+		return s.previous(ctx, r, ns, name, c.Key, rev, seen)
+	})
+	if errors.Is(err, kube.ErrInvalidObject) {
+		return nil, nil // skipped when it was applied, too
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case obj != nil:
 		seen[c.Key] = obj
-	case heraldv1.Change_DELETE:
-		prev := seen[c.Key]
-		if prev == nil && len(c.PrevValue) > 0 {
-			prev, _ = kube.Prepare(r, ns, name, c.PrevValue, rev)
-		}
+	case c.Kind == heraldv1.Change_DELETE:
 		delete(seen, c.Key)
-		if prev == nil {
-			return nil, nil
-		}
-		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_DELETED, prev.WithRev(rev), prev.Labels, prev.Fields
-	default:
-		return nil, nil
 	}
 	return ev, nil
 }
@@ -175,9 +167,9 @@ func (s *Shard) previous(ctx context.Context, r *kube.Resource, ns, name, key st
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	o, err := kube.Prepare(r, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	o, err := s.dec.Decode(ctx, r, key, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 	if err != nil {
-		return nil, nil
+		return nil, nil // skipped when it was applied, too
 	}
 	return o, nil
 }

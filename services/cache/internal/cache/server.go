@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -33,6 +32,8 @@ func errStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, rv.ErrInvalidCombination):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.As(err, new(*tooOldError)):
+		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, errTooLarge):
 		return status.Error(codes.DeadlineExceeded, "Too large resource version: the cache has not reached it yet")
 	case errors.Is(err, context.Canceled):
@@ -112,8 +113,8 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if atRev == 0 {
 		atRev = head
 	}
-	t, ok := rs.stateAt(atRev, head)
-	if !ok {
+	snap, err := rs.stateAt(atRev, head)
+	if err != nil {
 		if plan.Mode == rv.ListContinue {
 			return nil, status.Error(codes.OutOfRange, "The provided continue parameter is too old to display a consistent list result. Start a new list without the continue parameter.")
 		}
@@ -122,11 +123,11 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	resp := &heraldv1.ListResponse{Revision: atRev}
 	if req.Name != "" {
 		key := rs.res.ObjectKey(req.Namespace, req.Name)
-		e, found := t.Get(&entry{key: key})
-		if !found || !sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
+		obj := snap.get(key)
+		if obj == nil || !sel.Matches(obj.Namespace, obj.Labels, obj.Fields) {
 			return nil, status.Errorf(codes.NotFound, "%s %q not found", rs.res.ID(), req.Name)
 		}
-		resp.Items = [][]byte{e.obj.JSON}
+		resp.Items = [][]byte{obj.JSON}
 		resp.Keys = []string{key}
 		return resp, nil
 	}
@@ -138,7 +139,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	var last string
 	more := false
 	var remaining int64
-	scan(t, rs.res.NamespacePrefix(req.Namespace), after, func(e *entry) bool {
+	snap.scan(rs.res.NamespacePrefix(req.Namespace), after, func(e *entry) bool {
 		if !sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
 			return true
 		}
@@ -164,7 +165,13 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	return resp, nil
 }
 
-// Watch serves watch-from-revision, initial state and replays.
+// Watch serves watch-from-revision, initial state and replays, in the order
+// herald.proto gives: it waits until the shard reached the revision the
+// request needs, takes the watch's start from the window (the state, the
+// window's events and, when following, the subscription, all at once), sends
+// it, and then streams the subscriber's queue until the client leaves or the
+// window cuts the subscriber off (Aborted: the client resumes from the last
+// revision it received).
 func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchServer) error {
 	ctx := stream.Context()
 	rs, err := v.resource(req.Resource)
@@ -174,206 +181,238 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	if req.Namespace != "" && !rs.res.Namespaced {
 		return status.Error(codes.InvalidArgument, "namespace given for a cluster-scoped resource")
 	}
-	sel := kube.Everything(req.Namespace)
-	prefix := rs.res.NamespacePrefix(req.Namespace)
-
-	if req.InitialEvents && req.StateRevision > 0 {
-		if err := v.s.waitFor(ctx, req.StateRevision, rs.res.ID()); err != nil {
-			return errStatus(err)
-		}
-	} else if req.InitialEvents {
-		min := req.MinRevision
-		if req.Consistent {
-			cur, err := v.s.currentRevision(ctx)
-			if err != nil {
-				return status.Errorf(codes.Unavailable, "reading etcd's revision: %v", err)
-			}
-			min = max(min, cur)
-		}
-		if err := v.s.waitFor(ctx, min, rs.res.ID()); err != nil {
-			return errStatus(err)
-		}
-	} else if req.AfterRevision > 0 {
-		if err := v.s.waitFor(ctx, req.AfterRevision, rs.res.ID()); err != nil {
-			return errStatus(err)
-		}
-	}
-
-	// Responses hold up to batch events and never split a revision
-	// (initial ADDED events carry their objects' own revisions and are
-	// followed by a bookmark, so they may be cut anywhere).
-	const batch = 256
-	out := &heraldv1.WatchResponse{}
-	flush := func() error {
-		if len(out.Events) == 0 {
-			return nil
-		}
-		err := stream.Send(out)
-		out = &heraldv1.WatchResponse{}
+	if err := v.waitForWatch(ctx, req, rs.res.ID()); err != nil {
 		return err
 	}
-	inState := false
-	add := func(ev *heraldv1.Event) error {
-		if n := len(out.Events); n >= batch && (inState || out.Events[n-1].Revision != ev.Revision) {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-		out.Events = append(out.Events, ev)
-		return nil
+	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	// Take what must be replayed and register for what follows, atomically.
-	// A revision older than the window is first replayed from the stream's
-	// retained history up to the window's start (deep resume), then the
-	// window takes over.
+	w := &watchSender{stream: stream, sel: sel}
 	var sub *subscriber
-	var replay []*heraldv1.Event
-	var state *tree
-	var stateRev int64
-	after := req.AfterRevision
-	sentStart := false
-	var head int64
-	for {
-		rs.mu.Lock()
-		if req.InitialEvents || after == 0 || after >= rs.windowStart {
-			break
-		}
-		windowStart := rs.windowStart
-		rs.mu.Unlock()
-		if !sentStart {
-			if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {
-				return err
-			}
-			sentStart = true
-		}
-		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, windowStart, add); err != nil {
-			return err
-		}
-		after = windowStart
-	}
-	head = v.s.head.Load()
-	if len(rs.window) > 0 {
-		head = max(head, rs.window[len(rs.window)-1].rev)
-	}
-	switch {
-	case req.InitialEvents && req.StateRevision > 0:
-		stateRev = req.StateRevision
-		t, ok := rs.stateAtLocked(stateRev, head)
-		if !ok {
-			oldest := rs.windowStart + 1
-			rs.mu.Unlock()
-			return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", stateRev, oldest))
-		}
-		state = t
-		replay, _ = rs.since(stateRev)
-	case req.InitialEvents:
-		state = rs.state.Clone()
-		stateRev = head
-	case after == 0:
-		after = head
-	default:
-		evs, ok := rs.since(after)
-		if !ok {
-			oldest := rs.windowStart + 1
-			rs.mu.Unlock()
-			return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, oldest))
-		}
-		replay = evs
-	}
 	if req.Follow {
 		sub = newSubscriber(v.s.cfg.SubscriberBuffer)
-		rs.subs[sub] = struct{}{}
-		v.s.m.subs.WithLabelValues(rs.res.ID()).Inc()
 	}
-	rs.mu.Unlock()
-	inState = state != nil
+	start, bookmarked, err := v.watchStart(ctx, req, rs, sub, w)
+	if err != nil {
+		return err
+	}
 	if sub != nil {
+		v.s.m.subs.WithLabelValues(rs.res.ID()).Inc()
 		defer func() {
-			rs.mu.Lock()
-			delete(rs.subs, sub)
-			rs.mu.Unlock()
+			rs.unsubscribe(sub)
 			v.s.m.subs.WithLabelValues(rs.res.ID()).Dec()
 		}()
 	}
-
-	if state != nil {
-		var sendErr error
-		scan(state, prefix, "", func(e *entry) bool {
-			sendErr = add(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
-				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields})
-			return sendErr == nil
-		})
-		if sendErr != nil {
-			return sendErr
-		}
-		inState = false
-		if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: stateRev}); err != nil {
-			return err
-		}
-		for _, ev := range replay {
-			if err := add(ev); err != nil {
-				return err
-			}
-		}
-	} else {
-		if !sentStart {
-			if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: after}); err != nil {
-				return err
-			}
-		}
-		for _, ev := range replay {
-			if !sel.Matches(ev.Namespace, nil, nil) {
-				continue
-			}
-			if err := add(ev); err != nil {
-				return err
-			}
-		}
-	}
-	if err := add(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: head}); err != nil {
-		return err
-	}
-	if err := flush(); err != nil {
+	if err := w.sendStart(start, rs.res.NamespacePrefix(req.Namespace), bookmarked); err != nil {
 		return err
 	}
 	if sub == nil {
 		return nil
 	}
-	last := head
+	return v.follow(ctx, sub, w, start.head)
+}
+
+// waitForWatch waits until the shard has reached the revision req needs:
+// the state's (exact, at least min_revision, or etcd's current one) or the
+// one it resumes after.
+func (v *Server) waitForWatch(ctx context.Context, req *heraldv1.WatchRequest, resource string) error {
+	rev := req.AfterRevision
+	switch {
+	case req.InitialEvents && req.StateRevision > 0:
+		rev = req.StateRevision
+	case req.InitialEvents:
+		rev = req.MinRevision
+		if req.Consistent {
+			cur, err := v.s.currentRevision(ctx)
+			if err != nil {
+				return status.Errorf(codes.Unavailable, "reading etcd's revision: %v", err)
+			}
+			rev = max(rev, cur)
+		}
+	}
+	if rev <= 0 {
+		return nil
+	}
+	return errStatus(v.s.waitFor(ctx, rev, resource))
+}
+
+// watchStart takes the watch's start from the window and registers sub
+// (nil: not following). A revision older than the window is first replayed
+// from the stream's retained history up to the window's start (deep resume),
+// again as long as the window moves on meanwhile; bookmarked reports that
+// the start bookmark went out before that replay. Errors are statuses
+// (OutOfRange for a state older than the window, deepReplay's) or the
+// stream's.
+func (v *Server) watchStart(ctx context.Context, req *heraldv1.WatchRequest, rs *resourceState, sub *subscriber, w *watchSender) (watchStart, bool, error) {
+	if req.InitialEvents {
+		var rev int64 // 0: the state at the head
+		if req.StateRevision > 0 {
+			rev = req.StateRevision
+		}
+		start, err := rs.watchState(rev, v.s.head.Load(), sub)
+		return start, false, errStatus(err)
+	}
+	after := req.AfterRevision
+	bookmarked := false
+	for {
+		start, err := rs.watchAfter(after, v.s.head.Load(), sub)
+		var old *tooOldError
+		if !errors.As(err, &old) {
+			return start, bookmarked, errStatus(err)
+		}
+		if !bookmarked {
+			if err := w.add(bookmark(after)); err != nil {
+				return watchStart{}, false, err
+			}
+			bookmarked = true
+		}
+		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, old.start, w.addFiltered); err != nil {
+			return watchStart{}, false, err
+		}
+		after = old.start
+	}
+}
+
+// follow streams sub's queue, the revisions after last, until the client
+// leaves or the window cuts sub off. Whatever is queued when it wakes is
+// batched together, so a stream that fell behind catches up in few
+// responses.
+func (v *Server) follow(ctx context.Context, sub *subscriber, w *watchSender, last int64) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-sub.done:
+		case <-sub.done():
 			reason := "too_slow"
-			if errors.Is(sub.err, errResync) {
+			if errors.Is(sub.err(), errResync) {
 				reason = "resync"
 			}
 			v.s.m.subsCut.WithLabelValues(reason).Inc()
-			return status.Error(codes.Aborted, sub.err.Error())
-		case evs := <-sub.ch:
+			return status.Error(codes.Aborted, sub.err().Error())
+		case evs := <-sub.events():
 			for more := true; more; {
 				for _, ev := range evs {
-					if ev.Revision <= last && ev.Type == heraldv1.EventType_BOOKMARK {
-						continue
-					}
-					if ev.Type != heraldv1.EventType_BOOKMARK && !sel.Matches(ev.Namespace, nil, nil) {
+					// A bookmark queued before the subscriber's start, or
+					// behind an event, says nothing new.
+					if ev.Type == heraldv1.EventType_BOOKMARK && ev.Revision <= last {
 						continue
 					}
 					last = max(last, ev.Revision)
-					if err := add(ev); err != nil {
+					if err := w.addFiltered(ev); err != nil {
 						return err
 					}
 				}
 				select {
-				case evs = <-sub.ch:
+				case evs = <-sub.events():
 				default:
 					more = false
 				}
 			}
-			if err := flush(); err != nil {
+			if err := w.flush(); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// watchBatch is the most events a response holds, but for a revision's
+// events, which are never split.
+const watchBatch = 256
+
+// watchSender batches one watch's events into responses. A response never
+// splits a revision (herald.proto's contract), except inside the initial
+// state: its ADDED events carry their objects' own revisions and are
+// followed by a bookmark, so they may be cut anywhere.
+type watchSender struct {
+	stream  heraldv1.Cache_WatchServer
+	sel     *kube.Selector // the request's namespace and selectors
+	events  []*heraldv1.Event
+	inState bool
+}
+
+// add appends ev to the response being built, sending it first when full.
+func (w *watchSender) add(ev *heraldv1.Event) error {
+	if n := len(w.events); n >= watchBatch && (w.inState || w.events[n-1].Revision != ev.Revision) {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	w.events = append(w.events, ev)
+	return nil
+}
+
+// addFiltered adds ev unless it cannot concern the request's watcher (see
+// concerns).
+func (w *watchSender) addFiltered(ev *heraldv1.Event) error {
+	if !w.concerns(ev) {
+		return nil
+	}
+	return w.add(ev)
+}
+
+// concerns reports whether a watcher with the request's namespace and
+// selectors can see ev: bookmarks always, an event whose object matches,
+// and a MODIFIED whose previous object matched (the watcher sees the object
+// leave its selection as DELETED). The watcher decides the transition.
+func (w *watchSender) concerns(ev *heraldv1.Event) bool {
+	switch {
+	case ev.Type == heraldv1.EventType_BOOKMARK:
+		return true
+	case w.sel.Matches(ev.Namespace, ev.Labels, ev.Fields):
+		return true
+	}
+	return ev.Type == heraldv1.EventType_MODIFIED && w.sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
+}
+
+// flush sends the response being built, if it holds anything.
+func (w *watchSender) flush() error {
+	if len(w.events) == 0 {
+		return nil
+	}
+	err := w.stream.Send(&heraldv1.WatchResponse{Events: w.events})
+	w.events = nil
+	return err
+}
+
+// sendStart sends what a watch begins with: the state's ADDED events (under
+// prefix) and a bookmark at its revision, or a bookmark at the revision it
+// resumes after (unless a deep replay sent it); then the window's events and
+// a bookmark at the window's head, after which everything up to the head
+// has been sent.
+func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool) error {
+	if start.state != nil {
+		w.inState = true
+		var err error
+		start.state.scan(prefix, "", func(e *entry) bool {
+			if !w.sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
+				return true
+			}
+			err = w.add(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
+				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields})
+			return err == nil
+		})
+		if err != nil {
+			return err
+		}
+		w.inState = false
+	}
+	if start.state != nil || !bookmarked {
+		if err := w.add(bookmark(start.from)); err != nil {
+			return err
+		}
+	}
+	for _, ev := range start.events {
+		if err := w.addFiltered(ev); err != nil {
+			return err
+		}
+	}
+	if err := w.add(bookmark(start.head)); err != nil {
+		return err
+	}
+	return w.flush()
+}
+
+func bookmark(rev int64) *heraldv1.Event {
+	return &heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: rev}
 }

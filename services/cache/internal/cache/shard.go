@@ -10,6 +10,15 @@
 //     reached; a read that needs a newer revision waits (bounded) and never
 //     returns older data.
 //   - Nothing a slow reader does can block the apply goroutine.
+//   - No record is skipped silently: the shard checks the stream sequence of
+//     every message it consumes against the last one it applied, and when
+//     the messages between are no longer in the stream (aged out or purged
+//     while it was cut off or behind: its consumer reads on from whatever
+//     the stream still holds, without an error) it rebuilds, as for a resync
+//     marker, instead of applying what follows the gap.
+//
+// Reading the stream (subjects, records, split revisions, the event a change
+// makes) follows libs/stream's rules; the shard decides what to keep.
 package cache
 
 import (
@@ -29,16 +38,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
+	"herald.dev/libs/stream"
 )
 
 type metrics struct {
 	received   *prometheus.CounterVec
-	invalid    *prometheus.CounterVec
+	skipped    *prometheus.CounterVec
 	head       prometheus.Gauge
 	capacity   *prometheus.GaugeVec
 	lists      *prometheus.CounterVec
@@ -48,13 +57,14 @@ type metrics struct {
 	subsCut    *prometheus.CounterVec
 	e2eLatency prometheus.Histogram
 	resyncs    prometheus.Counter
+	gaps       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
 		received: f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_watch_cache_events_received_total", Help: "Events applied to the cache, by resource."}, []string{"resource"}),
-		invalid:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_invalid_objects_total", Help: "Stored values skipped because they are not valid objects of their resource."}, []string{"resource"}),
+		skipped:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_undecodable_values_total", Help: "Stored values skipped because they cannot be decrypted or decoded as objects of their resource, by resource and reason."}, []string{"resource", "reason"}),
 		head:     f.NewGauge(prometheus.GaugeOpts{Name: "apiserver_watch_cache_resource_version", Help: "The revision the shard has applied."}),
 		capacity: f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_watch_cache_capacity", Help: "Window capacity in events, by resource."}, []string{"resource"}),
 		lists:    f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_cache_list_total", Help: "LIST requests served from the cache, by resource."}, []string{"resource"}),
@@ -62,7 +72,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		readWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_watch_cache_read_wait_seconds", Help: "Time reads waited for the shard to reach a revision.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"resource"}),
 		subs:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_cache_watch_streams", Help: "Following watch streams, by resource."}, []string{"resource"}),
 		subsCut:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_watch_streams_terminated_total", Help: "Following watch streams cut off, by reason."}, []string{"reason"}),
-		resyncs:  f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker."}),
+		resyncs:  f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker or a gap in the consumed stream."}),
+		gaps:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_stream_gaps_total", Help: "Gaps in the consumed stream: messages the shard had not consumed were gone from the stream (aged out, purged) when it read on; each is a rebuild."}),
 		e2eLatency: f.NewHistogram(prometheus.HistogramOpts{Name: "herald_cache_apply_latency_seconds", Help: "From ingest receiving a revision from etcd to the shard applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
@@ -73,8 +84,10 @@ type Shard struct {
 	cfg       Config
 	log       *slog.Logger
 	reg       *kube.Registry
+	dec       *kube.Decoder // the one way stored values are read (decode.go)
 	m         *metrics
 	resources map[string]*resourceState // by resource ID
+	deep      *service.Queue            // bounds concurrent deep replays
 
 	// tracer: nil when tracing is off (see WithTracer). traceparent: the
 	// trace context of the record being applied (apply goroutine only).
@@ -89,11 +102,12 @@ type Shard struct {
 	head     atomic.Int64
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced whenever head moves
+	clock    waitClock     // nil: the wall clock (see WithClock)
 
 	ready     atomic.Bool
 	firstOnce sync.Once
-	firstUp   chan struct{}      // closed when the shard is ready the first time
-	pending   []*heraldv1.Change // parts of a split revision
+	firstUp   chan struct{}    // closed when the shard is ready the first time
+	asm       stream.Assembler // split revisions (apply goroutine only)
 }
 
 // New validates cfg and creates a shard; Start connects and loads it.
@@ -105,9 +119,14 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	if err != nil {
 		return nil, err
 	}
+	dec, err := newDecoder(cfg)
+	if err != nil {
+		return nil, err
+	}
 	sizes, _ := cfg.windowSizes()
-	s := &Shard{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg),
-		resources: map[string]*resourceState{}, advanced: make(chan struct{}), firstUp: make(chan struct{})}
+	s := &Shard{cfg: cfg, log: log, reg: reg, dec: dec, m: newMetrics(promReg),
+		resources: map[string]*resourceState{}, advanced: make(chan struct{}), firstUp: make(chan struct{}),
+		deep: service.NewQueue(cfg.DeepReplays, promReg, "herald_cache_deep_replays", "Deep resumes (watch replays read from the stream)")}
 	owned, err := cfg.ownership(reg)
 	if err != nil {
 		return nil, err
@@ -164,7 +183,7 @@ func (s *Shard) owns(r *kube.Resource, namespace string) (*resourceState, bool) 
 // subjects is the consumer's filter: the owned resources' partitions, the
 // multi-resource revisions and the progress markers.
 func (s *Shard) subjects() []string {
-	out := []string{kube.SubjectMulti, kube.SubjectProgress}
+	out := []string{stream.SubjectMulti, stream.SubjectProgress}
 	ids := make([]string, 0, len(s.resources))
 	for id := range s.resources {
 		ids = append(ids, id)
@@ -173,12 +192,12 @@ func (s *Shard) subjects() []string {
 	for _, id := range ids {
 		r, parts := s.resources[id].res, s.resources[id].parts
 		if parts == nil {
-			out = append(out, r.SubjectFilter())
+			out = append(out, stream.Filter(r))
 			continue
 		}
 		for p := range kube.Partitions {
 			if parts[p] {
-				out = append(out, fmt.Sprintf("%s.%s.%d", kube.SubjectRoot, r.SubjectToken(), p))
+				out = append(out, stream.PartitionSubject(r, p))
 			}
 		}
 	}
@@ -191,24 +210,23 @@ func (s *Shard) subjects() []string {
 // from the stream sequence after the last one it applied, keeping its state,
 // windows and subscribers: a broken consumer is invisible downstream. It
 // rebuilds from an etcd snapshot only when it must: at start, after a resync
-// marker, or when the stream no longer holds the sequence to resume from.
+// marker, or when the stream no longer holds every message after the last
+// one it applied (a gap).
 func (s *Shard) Run(ctx context.Context) error {
-	var err error
-	s.etcd, err = clientv3.New(clientv3.Config{Endpoints: s.cfg.endpoints(), DialTimeout: s.cfg.EtcdDialTimeout, Context: ctx, DialOptions: service.StaticWindows()})
+	etcdTLS, natsTLS, natsUser, err := s.cfg.Security(s.log)
+	if err != nil {
+		return err
+	}
+	s.etcd, err = clientv3.New(clientv3.Config{Endpoints: s.cfg.Endpoints(), DialTimeout: s.cfg.EtcdDialTimeout, TLS: etcdTLS, Context: ctx, DialOptions: service.StaticWindows()})
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer s.etcd.Close()
-	s.nc, err = nats.Connect(s.cfg.NATSURL, nats.Name("herald-cache"), nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true), nats.ReconnectWait(200*time.Millisecond))
-	if err != nil {
-		return fmt.Errorf("nats: %w", err)
-	}
-	defer s.nc.Close()
-	s.js, err = jetstream.New(s.nc)
+	s.nc, s.js, err = stream.Connect(s.cfg.NATSURL, "herald-cache", natsTLS, natsUser)
 	if err != nil {
 		return err
 	}
+	defer s.nc.Close()
 	go s.pollStreamLag(ctx)
 	backoff := 200 * time.Millisecond
 	var next uint64 // stream sequence to resume from; 0: rebuild from a snapshot
@@ -217,8 +235,8 @@ func (s *Shard) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		if errors.Is(err, errResyncMarker) {
-			s.log.Warn("resync marker in the stream; rebuilding from an etcd snapshot")
+		if errors.Is(err, errResyncMarker) || errors.Is(err, errStreamGap) {
+			s.log.Warn("rebuilding from an etcd snapshot", "cause", err)
 			s.m.resyncs.Inc()
 			backoff = 200 * time.Millisecond
 			continue
@@ -233,23 +251,42 @@ func (s *Shard) Run(ctx context.Context) error {
 	return nil
 }
 
-var errResyncMarker = errors.New("resync marker")
+var (
+	errResyncMarker = errors.New("resync marker in the stream")
+	errStreamGap    = errors.New("gap in the consumed stream")
+)
+
+// gap reports whether messages after the last one the shard applied (the
+// one before sequence next) are gone from the stream: its first sequence is
+// past next. The stream drops messages only from its front (age, size
+// limits, purge), so when it still holds next, it holds everything the
+// consumer skipped since: messages of subjects the shard does not consume.
+// When it does not, the shard cannot tell whether any of them were its own
+// and must rebuild.
+func (s *Shard) gap(ctx context.Context, st stream.Reader, next uint64) (bool, error) {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("stream info: %w", err)
+	}
+	// LastSeq+1 < next: the stream was deleted and created again.
+	return info.State.FirstSeq > next || info.State.LastSeq+1 < next, nil
+}
 
 // follow applies the stream from sequence next (or from a fresh snapshot
 // when next is 0) until it fails; it returns the sequence to resume from.
 func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
-	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return next, fmt.Errorf("stream %s: %w", s.cfg.Stream, err)
 	}
 	if next > 0 {
-		info, err := stream.Info(ctx)
+		lost, err := s.gap(ctx, st, next)
 		if err != nil {
-			return next, fmt.Errorf("stream info: %w", err)
+			return next, err
 		}
-		if info.State.FirstSeq > next {
-			s.log.Warn("the stream no longer holds the resume point; rebuilding", "resumeSequence", next, "firstSequence", info.State.FirstSeq)
-			next = 0
+		if lost {
+			s.m.gaps.Inc()
+			return 0, fmt.Errorf("%w: the stream no longer holds the resume point %d", errStreamGap, next)
 		}
 	}
 	if next == 0 {
@@ -258,12 +295,12 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if next, err = startSequence(ctx, stream, rev); err != nil {
+		if next, err = stream.SeqAfter(ctx, st, rev); err != nil {
 			return 0, err
 		}
 		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resources))
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: s.subjects(),
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    next,
@@ -292,15 +329,26 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 		if err != nil {
 			return next, fmt.Errorf("message metadata: %w", err)
 		}
-		var rec heraldv1.Record
-		if err := proto.Unmarshal(msg.Data(), &rec); err != nil {
+		if seq := meta.Sequence.Stream; seq > next {
+			// Skipped sequences: other subjects', or lost ones.
+			lost, err := s.gap(ctx, st, next)
+			if err != nil {
+				return next, err
+			}
+			if lost {
+				s.m.gaps.Inc()
+				return 0, fmt.Errorf("%w: after sequence %d the consumer delivered %d, and the stream no longer holds the messages between", errStreamGap, next-1, seq)
+			}
+		}
+		rec, err := stream.Decode(msg.Data())
+		if err != nil {
 			s.log.Error("stream message is not a record; skipped", "subject", msg.Subject(), "sequence", meta.Sequence.Stream, "err", err)
 		} else if rec.Resync {
 			if rec.Revision > s.head.Load() {
 				return 0, errResyncMarker
 			}
 		} else {
-			s.applyMsg(msg, meta, &rec)
+			s.applyMsg(msg, meta, rec)
 		}
 		next = meta.Sequence.Stream + 1
 	}
@@ -309,11 +357,10 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 // loadSnapshot replaces every owned resource's state by etcd's current
 // state and returns its revision.
 func (s *Shard) loadSnapshot(ctx context.Context) (int64, error) {
-	probe, err := s.etcd.Get(ctx, "/herald/rev-probe")
+	rev, err := stream.CurrentRevision(ctx, s.etcd)
 	if err != nil {
-		return 0, fmt.Errorf("etcd: %w", err)
+		return 0, err
 	}
-	rev := probe.Header.Revision
 	for _, rs := range s.resources {
 		t := btree.NewG(32, lessEntry)
 		prefix := rs.res.KeyPrefix()
@@ -327,15 +374,19 @@ func (s *Shard) loadSnapshot(ctx context.Context) (int64, error) {
 			for _, kv := range resp.Kvs {
 				key := string(kv.Key)
 				r, ns, name, ok := s.reg.ParseKey(key)
-				if !ok || r != rs.res {
+				if r != rs.res {
 					continue
 				}
 				if _, owned := s.owns(r, ns); !owned {
 					continue
 				}
-				obj, err := kube.Prepare(r, ns, name, kv.Value, kv.ModRevision)
+				if !ok {
+					s.skipKey(r, key, kv.ModRevision)
+					continue
+				}
+				obj, err := s.dec.Decode(ctx, r, key, ns, name, kv.Value, kv.ModRevision)
 				if err != nil {
-					s.skipInvalid(r, key, kv.ModRevision, err)
+					s.skipUndecodable(r, key, kv.ModRevision, err)
 					continue
 				}
 				t.ReplaceOrInsert(&entry{key: key, obj: obj})
@@ -347,48 +398,9 @@ func (s *Shard) loadSnapshot(ctx context.Context) (int64, error) {
 		}
 		rs.reset(t, rev)
 	}
-	s.pending = nil
+	s.asm.Reset()
 	s.setHead(rev)
 	return rev, nil
-}
-
-func (s *Shard) skipInvalid(r *kube.Resource, key string, rev int64, err error) {
-	s.m.invalid.WithLabelValues(r.ID()).Inc()
-	s.log.Warn("skipping a stored value that is not a valid object", "key", key, "revision", rev, "err", err)
-}
-
-// startSequence finds the first stream sequence holding a revision after
-// rev (binary search: revisions grow along the stream).
-func startSequence(ctx context.Context, stream jetstream.Stream, rev int64) (uint64, error) {
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
-	}
-	lo, hi := info.State.FirstSeq, info.State.LastSeq+1
-	if info.State.Msgs == 0 {
-		return hi, nil
-	}
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		msg, err := stream.GetMsg(ctx, mid)
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				lo = mid + 1 // aged out meanwhile
-				continue
-			}
-			return 0, fmt.Errorf("stream message %d: %w", mid, err)
-		}
-		var r heraldv1.Record
-		if err := proto.Unmarshal(msg.Data, &r); err != nil {
-			return 0, fmt.Errorf("stream message %d: %w", mid, err)
-		}
-		if r.Revision > rev {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	return lo, nil
 }
 
 func (s *Shard) setHead(rev int64) {
@@ -409,13 +421,14 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 	if s.head.Load() >= rev {
 		return nil
 	}
-	start := time.Now()
-	defer func() { s.m.readWait.WithLabelValues(resource).Observe(time.Since(start).Seconds()) }()
-	deadline := time.NewTimer(s.cfg.WaitTimeout)
+	clk := s.waitClock()
+	start := clk.Now()
+	defer func() { s.m.readWait.WithLabelValues(resource).Observe(clk.Since(start).Seconds()) }()
+	deadline := clk.NewTimer(s.cfg.WaitTimeout)
 	defer deadline.Stop()
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := clk.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	s.nc.Publish(kube.SubjectProgressRequest, nil)
+	s.nc.Publish(stream.SubjectProgressRequest, nil)
 	for {
 		s.mu.Lock()
 		ch := s.advanced
@@ -425,9 +438,9 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 		}
 		select {
 		case <-ch:
-		case <-tick.C:
-			s.nc.Publish(kube.SubjectProgressRequest, nil)
-		case <-deadline.C:
+		case <-tick.C():
+			s.nc.Publish(stream.SubjectProgressRequest, nil)
+		case <-deadline.C():
 			return errTooLarge
 		case <-ctx.Done():
 			return ctx.Err()
@@ -439,11 +452,7 @@ var errTooLarge = errors.New("the shard did not reach the requested revision in 
 
 // currentRevision reads etcd's current revision (a linearizable read).
 func (s *Shard) currentRevision(ctx context.Context) (int64, error) {
-	resp, err := s.etcd.Get(ctx, "/herald/rev-probe")
-	if err != nil {
-		return 0, err
-	}
-	return resp.Header.Revision, nil
+	return stream.CurrentRevision(ctx, s.etcd)
 }
 
 // apply applies one stream record. It is only called by the follow loop.
@@ -461,13 +470,9 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	if rec.Revision <= head {
 		return // already in the snapshot
 	}
-	changes := rec.Changes
-	if rec.Parts > 1 {
-		s.pending = append(s.pending, rec.Changes...)
-		if rec.Part+1 < rec.Parts {
-			return
-		}
-		changes, s.pending = s.pending, nil
+	changes, complete := s.asm.Add(rec)
+	if !complete {
+		return
 	}
 	rev := rec.Revision
 	type batch struct {
@@ -478,40 +483,28 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	var batches map[*resourceState]*batch
 	for _, c := range changes {
 		r, ns, name, ok := s.reg.ParseKey(c.Key)
-		if !ok {
+		if r == nil {
 			continue
 		}
 		rs, owned := s.owns(r, ns)
 		if !owned {
 			continue
 		}
-		prev := rs.get(c.Key)
-		ev := &heraldv1.Event{Revision: rev, Namespace: ns, Name: name, ObservedUnixNano: rec.ObservedUnixNano, Traceparent: s.traceparent}
-		var obj *kube.Object
-		switch c.Kind {
-		case heraldv1.Change_PUT:
-			o, err := kube.Prepare(r, ns, name, c.Value, rev)
-			if err != nil {
-				s.skipInvalid(r, c.Key, rev, err)
-				continue
+		if !ok {
+			if c.Kind == heraldv1.Change_PUT {
+				s.skipKey(r, c.Key, rev)
 			}
-			obj = o
-			ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_ADDED, o.JSON, o.Labels, o.Fields
-			if prev != nil {
-				ev.Type = heraldv1.EventType_MODIFIED
-				ev.PrevObject, ev.PrevLabels, ev.PrevFields = prev.WithRev(rev), prev.Labels, prev.Fields
-			}
-		case heraldv1.Change_DELETE:
-			if prev == nil && len(c.PrevValue) > 0 {
-				prev, _ = kube.Prepare(r, ns, name, c.PrevValue, rev)
-			}
-			if prev == nil {
-				continue // never served, nothing to delete
-			}
-			ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_DELETED, prev.WithRev(rev), prev.Labels, prev.Fields
-		default:
 			continue
 		}
+		ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
+		if err != nil {
+			s.skipUndecodable(r, c.Key, rev, err)
+			continue
+		}
+		if ev == nil {
+			continue // never served, nothing to delete
+		}
+		ev.ObservedUnixNano, ev.Traceparent = rec.ObservedUnixNano, s.traceparent
 		if batches == nil {
 			batches = map[*resourceState]*batch{}
 		}

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
+	"herald.dev/libs/stream"
 )
 
 // Option configures a Shard beyond its Config.
@@ -56,11 +56,7 @@ func newObsMetrics(reg prometheus.Registerer, s *Shard) *obsMetrics {
 func (s *Shard) queuedRevisions() float64 {
 	n := 0
 	for _, rs := range s.resources {
-		rs.mu.RLock()
-		for sub := range rs.subs {
-			n += len(sub.ch)
-		}
-		rs.mu.RUnlock()
+		n += rs.queued()
 	}
 	return float64(n)
 }
@@ -104,21 +100,17 @@ func (s *Shard) pollStreamLag(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		stream, err := s.js.Stream(ctx, s.cfg.Stream)
+		st, err := s.js.Stream(ctx, s.cfg.Stream)
 		if err != nil {
 			continue
 		}
-		info, err := stream.Info(ctx)
+		info, err := st.Info(ctx)
 		if err != nil {
 			continue
 		}
 		if seq := info.State.LastSeq; seq != lastSeq && seq > 0 {
-			msg, err := stream.GetMsg(ctx, seq)
+			rec, err := stream.ReadAt(ctx, st, seq)
 			if err != nil {
-				continue
-			}
-			var rec heraldv1.Record
-			if proto.Unmarshal(msg.Data, &rec) != nil {
 				continue
 			}
 			lastSeq, lastRev = seq, rec.Revision

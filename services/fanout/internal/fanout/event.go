@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"encoding/json"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/storage"
 )
 
 // item is one event as the fanout holds it: the cache's prepared event and
@@ -17,6 +19,12 @@ import (
 type item struct {
 	ev    *heraldv1.Event
 	lines [4]atomic.Pointer[[]byte] // by kube.Transition-1
+	// encs: the item's other encodings (encoding.go), made under mu;
+	// encErr: why one of them could not be made (the object does not
+	// decode), so that it is tried and logged once.
+	mu     sync.Mutex
+	encs   map[encKey][]byte
+	encErr error
 
 	// tp: the fanout.dispatch span's traceparent when the event is sampled
 	// (set before dispatch); traced: a stream has written its trace line.
@@ -62,19 +70,14 @@ func (it *item) line(t kube.Transition) []byte {
 		return *p
 	}
 	b := encodeLine(typeNames[t], it.object(t))
-	slot.Store(&b)
+	if !slot.CompareAndSwap(nil, &b) {
+		// Another watcher encoded it meanwhile: share its bytes.
+		return *slot.Load()
+	}
 	return b
 }
 
-func encodeLine(typ string, obj []byte) []byte {
-	b := make([]byte, 0, len(obj)+32)
-	b = append(b, `{"type":"`...)
-	b = append(b, typ...)
-	b = append(b, `","object":`...)
-	b = append(b, obj...)
-	b = append(b, "}\n"...)
-	return b
-}
+func encodeLine(typ string, obj []byte) []byte { return storage.JSONWatchEvent(typ, obj) }
 
 // transition decides what a watcher with selector sel sees of it.
 func (it *item) transition(sel *kube.Selector) kube.Transition {
@@ -106,7 +109,8 @@ func bookmarkLine(r *kube.Resource, rev int64, initialEnd bool) []byte {
 	return encodeLine("BOOKMARK", obj)
 }
 
-// tableLine encodes an event for a watcher that asked for Tables.
-func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool) []byte {
-	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{}, withColumns, time.Now()))
+// tableLine encodes an event for a watcher that asked for Tables (now: for
+// the age column).
+func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool, now time.Time) []byte {
+	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{}, withColumns, now))
 }

@@ -3,7 +3,6 @@ package fanout
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -13,31 +12,33 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
+	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // hub is the one upstream a fanout replica holds per resource, shared by all
-// its watchers of that resource: one following cache watch per shard serving
-// the resource (one for an unsplit resource), merged by revision.
+// its watchers of that resource: one following cache watch, which the cache
+// client merges by revision over the shards serving the resource (see
+// libs/cacheclient: events come in revision order, each once, and a broken
+// shard stream is resumed there).
 //
 // Invariants (under mu):
 //   - ring holds, oldest first, every event of the resource with revision
 //     > ringStart, up to head; head only grows.
-//   - an event is dispatched only once every shard has sent everything up
-//     to its revision (each shard's "through"), so the merged order is the
-//     revision order.
 //   - a registered watcher has been handed every event after the revision
 //     it joined at, in order, by dispatch (or was closed).
 type hub struct {
 	res    *kube.Resource
-	shards []heraldv1.CacheClient
+	cache  heraldv1.CacheClient
 	tracer trace.Tracer // nil: tracing off
 	log    *slog.Logger
 	m      *metrics
+	clock  clock.Clock
 	limits ringLimits
-	synced chan struct{} // closed once every shard's stream has started
+	synced chan struct{} // closed once the upstream stream has started
 
 	mu        sync.Mutex
 	ring      []*item
@@ -56,19 +57,9 @@ type hub struct {
 // behind costs a replay from the cache, encoded for it alone.
 type ringLimits struct{ events, bytes int }
 
-func newHub(res *kube.Resource, shards []heraldv1.CacheClient, limits ringLimits, log *slog.Logger, m *metrics) *hub {
-	return &hub{res: res, shards: shards, limits: limits, log: log.With("resource", res.ID()), m: m,
+func newHub(res *kube.Resource, cache heraldv1.CacheClient, limits ringLimits, log *slog.Logger, m *metrics, clk clock.Clock) *hub {
+	return &hub{res: res, cache: cache, limits: limits, log: log.With("resource", res.ID()), m: m, clock: clk,
 		synced: make(chan struct{}), watchers: newWatcherIndex()}
-}
-
-// shardBatch is what one shard's stream delivered: its events (never
-// splitting a revision) and the revision it has now sent everything up to.
-type shardBatch struct {
-	shard   int
-	events  []*heraldv1.Event
-	through int64
-	start   bool // the stream's opening bookmark
-	err     error
 }
 
 // run keeps the upstreams open until ctx ends.
@@ -79,181 +70,88 @@ func (h *hub) run(ctx context.Context) {
 			return
 		}
 		h.m.upstreamRestarts.WithLabelValues(h.res.ID()).Inc()
-		h.log.Warn("upstream lost continuity; resetting", "err", err)
-		h.reset()
+		reason := reasonUpstreamReset
+		if lag := (*cacheclient.LagError)(nil); errors.As(err, &lag) {
+			// A shard lags too far behind the others: the merge would
+			// hold their events without bound. The watchers resume from
+			// their resourceVersions (from the ring of a replica that
+			// keeps up, or the caches).
+			reason = reasonUpstreamLagging
+			h.m.upstreamLagging.WithLabelValues(h.res.ID()).Inc()
+		}
+		h.log.Warn("upstream lost continuity; resetting", "err", err, "reason", reason)
+		h.reset(reason)
 		select {
 		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
+		case <-h.clock.After(200 * time.Millisecond):
 		}
 	}
 }
 
-// runOnce merges the shards' streams until continuity is lost. A shard
-// stream that breaks is resumed after its own "through", so no event is
-// lost; only a shard that cannot resume (OutOfRange) ends the merge.
+// runOnce follows the upstream until continuity is lost (the cache client
+// resumes what it can; what it returns is an OutOfRange, or the end of ctx).
 func (h *hub) runOnce(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	n := len(h.shards)
-	batches := make(chan shardBatch, 4*n)
-	through := make([]int64, n)
-	started := make([]bool, n)
-	pending := make([][]*heraldv1.Event, n)
-	for i := range h.shards {
-		go h.follow(ctx, i, 0, batches)
-	}
-	for {
-		var b shardBatch
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case b = <-batches:
-		}
-		if b.err != nil {
-			if status.Code(b.err) == codes.OutOfRange {
-				return b.err
-			}
-			h.log.Info("upstream watch ended; resuming", "shard", b.shard, "after", through[b.shard], "err", b.err)
-			go h.resume(ctx, b.shard, through[b.shard], batches)
-			continue
-		}
-		if b.start && !started[b.shard] {
-			started[b.shard] = true
-			through[b.shard] = b.through
-			if all(started) {
-				// The merged stream is complete after the latest start:
-				// every shard sends everything after its own start.
-				var start int64
-				for _, t := range through {
-					start = max(start, t)
-				}
-				h.mu.Lock()
-				h.ringStart = start
-				h.head.Store(start)
-				h.isSynced = true
-				h.mu.Unlock()
-				select {
-				case <-h.synced:
-				default:
-					close(h.synced)
-				}
-			}
-			continue
-		}
-		pending[b.shard] = append(pending[b.shard], b.events...)
-		through[b.shard] = max(through[b.shard], b.through)
-		if !all(started) {
-			continue
-		}
-		h.flush(pending, through)
-	}
-}
-
-func all(bs []bool) bool {
-	for _, b := range bs {
-		if !b {
-			return false
-		}
-	}
-	return true
-}
-
-// flush dispatches, in revision order, every pending event that all shards
-// have passed.
-func (h *hub) flush(pending [][]*heraldv1.Event, through []int64) {
-	safe := through[0]
-	for _, t := range through[1:] {
-		safe = min(safe, t)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for {
-		best := -1
-		for i, p := range pending {
-			if len(p) > 0 && p[0].Revision <= safe && (best < 0 || p[0].Revision < pending[best][0].Revision) {
-				best = i
-			}
-		}
-		if best < 0 {
-			break
-		}
-		ev := pending[best][0]
-		pending[best][0] = nil
-		pending[best] = pending[best][1:]
-		if ev.Revision <= h.ringStart || ev.Revision < h.head.Load() {
-			continue // before the merged start, or already dispatched
-		}
-		h.dispatchTraced(newItem(ev))
-	}
-	if safe > h.head.Load() {
-		h.head.Store(safe)
-	}
-}
-
-// follow streams one shard from after (0: from its current revision) into
-// batches until the stream fails.
-func (h *hub) follow(ctx context.Context, shard int, after int64, out chan<- shardBatch) {
-	send := func(b shardBatch) bool {
-		select {
-		case out <- b:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
 	// Wait for a ready connection: a replica may be restarting, and the
 	// stream is long-lived anyway.
-	st, err := h.shards[shard].Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), AfterRevision: after, Follow: true}, grpc.WaitForReady(true))
+	st, err := h.cache.Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), Follow: true}, grpc.WaitForReady(true))
 	if err != nil {
-		send(shardBatch{shard: shard, err: err})
-		return
+		return err
 	}
-	first := true
-	for {
-		resp, err := st.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = status.Error(codes.Unavailable, "upstream stream ended")
-			}
-			send(shardBatch{shard: shard, err: err})
-			return
-		}
-		b := shardBatch{shard: shard}
-		for _, ev := range resp.Events {
-			if first {
-				first = false
-				if after == 0 {
-					if !send(shardBatch{shard: shard, start: true, through: ev.Revision}) {
-						return
-					}
-				}
-				continue
-			}
-			b.through = max(b.through, ev.Revision)
-			if ev.Type != heraldv1.EventType_BOOKMARK {
-				b.events = append(b.events, ev)
-			}
-		}
-		if b.through > 0 && !send(b) {
-			return
-		}
+	resp, err := st.Recv()
+	if err != nil {
+		return err
 	}
-}
-
-// resume reopens a broken shard stream after a short pause.
-func (h *hub) resume(ctx context.Context, shard int, after int64, out chan<- shardBatch) {
+	if len(resp.Events) == 0 {
+		return status.Error(codes.Internal, "upstream stream opened without a bookmark")
+	}
+	// The opening bookmark: the stream is complete after it.
+	start := resp.Events[0].Revision
+	h.mu.Lock()
+	h.ringStart = start
+	h.head.Store(start)
+	h.isSynced = true
+	h.mu.Unlock()
 	select {
-	case <-ctx.Done():
-		return
-	case <-time.After(100 * time.Millisecond):
+	case <-h.synced:
+	default:
+		close(h.synced)
 	}
-	h.follow(ctx, shard, after, out)
+	h.flush(resp.Events[1:])
+	for {
+		if resp, err = st.Recv(); err != nil {
+			return err
+		}
+		h.flush(resp.Events)
+	}
 }
 
-func (h *hub) reset() {
+// flush dispatches evs (in revision order), and moves head to the revision
+// the upstream is complete through.
+func (h *hub) flush(evs []*heraldv1.Event) {
+	if len(evs) == 0 {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.watchers.every(func(w *watcher) { w.close(reasonUpstreamReset) })
+	var through int64
+	for _, ev := range evs {
+		through = max(through, ev.Revision)
+		if ev.Type != heraldv1.EventType_BOOKMARK {
+			h.dispatchTraced(newItem(ev))
+		}
+	}
+	if through > h.head.Load() {
+		h.head.Store(through)
+	}
+}
+
+// reset closes every watcher (for reason) and forgets the ring.
+func (h *hub) reset(reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.watchers.every(func(w *watcher) { w.close(reason) })
 	h.watchers = newWatcherIndex()
 	h.ring, h.ringBytes = nil, 0
 	h.head.Store(0)
@@ -322,12 +220,12 @@ func (h *hub) leave(w *watcher) {
 
 // waitSynced waits until the upstream stream has started.
 func (h *hub) waitSynced(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
+	t := h.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-h.synced:
 		return true
-	case <-t.C:
+	case <-t.C():
 	case <-ctx.Done():
 	}
 	return false

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -85,7 +86,7 @@ func BenchmarkDispatchKubelets(b *testing.B) {
 	const nodes = 5000
 	for _, mode := range []string{"indexed", "linear"} {
 		b.Run(mode, func(b *testing.B) {
-			h := newHub(pods, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			h := newHub(pods, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 			ws := make([]*watcher, nodes)
 			for i := range nodes {
 				fs, ls := fmt.Sprintf("spec.nodeName=node-%d", i), ""

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -32,7 +33,7 @@ func TestRingBounds(t *testing.T) {
 		{"one oversized event is kept", ringLimits{events: 1000, bytes: 1}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHub(pods, nil, tc.limits, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			h := newHub(pods, nil, tc.limits, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 			h.mu.Lock()
 			h.isSynced = true
 			for rev := int64(1); rev <= 20; rev++ {

@@ -15,13 +15,10 @@ package fanout
 import (
 	"compress/gzip"
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,12 +29,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 
+	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
+	"herald.dev/libs/service"
+	"herald.dev/libs/storage"
 )
 
 type metrics struct {
@@ -48,6 +48,7 @@ type metrics struct {
 	sentBytes        *prometheus.CounterVec
 	latency          prometheus.Histogram
 	upstreamRestarts *prometheus.CounterVec
+	upstreamLagging  *prometheus.CounterVec
 	rejected         prometheus.Counter
 }
 
@@ -61,6 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sentBytes:        f.NewCounterVec(prometheus.CounterOpts{Name: "herald_fanout_watch_bytes_total", Help: "Bytes written to watchers, by resource."}, []string{"resource"}),
 		latency:          f.NewHistogram(prometheus.HistogramOpts{Name: "herald_event_delivery_latency_seconds", Help: "From ingest receiving a change from etcd to the event being written to a watcher.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
 		upstreamRestarts: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_fanout_upstream_restarts_total", Help: "Upstream cache streams re-established, by resource."}, []string{"resource"}),
+		upstreamLagging:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_fanout_upstream_lag_resets_total", Help: "Upstream streams ended because a cache shard lagged behind the others past the merge limits (upstream.merge-max-*), by resource; the resource's watchers were closed to resume."}, []string{"resource"}),
 		rejected:         f.NewCounter(prometheus.CounterOpts{Name: "herald_fanout_rejected_watches_total", Help: "Watches refused because the replica was at max-watchers."}),
 	}
 }
@@ -70,11 +72,16 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	reg    *kube.Registry
-	shards *kube.ShardMap
-	caches map[string]heraldv1.CacheClient // by shard target
+	cache  heraldv1.CacheClient // every cache shard as one (libs/cacheclient)
 	m      *metrics
 	ctx    context.Context
-	tracer trace.Tracer // nil: tracing off
+	tracer trace.Tracer     // nil: tracing off
+	clock  clock.WithTicker // paces retries, bookmarks and waits
+	// replays bounds the catch-ups from the caches running at once.
+	replays *service.Queue
+
+	codec *storage.Codec      // protobuf and metadata encodings
+	neg   *storage.Negotiator // content negotiation
 
 	mu       sync.Mutex
 	hubs     map[string]*hub
@@ -95,39 +102,37 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, reg: reg, shards: shards, caches: map[string]heraldv1.CacheClient{},
-		m: newMetrics(promReg), ctx: ctx, hubs: map[string]*hub{}}
-	for _, t := range shards.Targets() {
-		if s.caches[t], err = dial(t); err != nil {
-			return nil, err
-		}
+	codec, err := storage.NewCodec(nil)
+	if err != nil {
+		return nil, err
 	}
+	s := &Server{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg), ctx: ctx, clock: clock.RealClock{}, hubs: map[string]*hub{},
+		codec: codec, neg: storage.NewNegotiator(),
+		replays: service.NewQueue(cfg.Replays, promReg, "herald_fanout_replays", "Watch catch-ups streamed from the caches (resumes older than the ring)")}
 	for _, o := range opts {
 		o(s)
 	}
+	caches := map[string]heraldv1.CacheClient{}
+	for _, t := range shards.Targets() {
+		if caches[t], err = dial(t); err != nil {
+			return nil, err
+		}
+	}
+	s.cache = cacheclient.New(reg, shards, caches, cacheclient.WithClock(s.clock), cacheclient.WithLogger(log),
+		cacheclient.WithMergeLimits(cacheclient.MergeLimits{Events: cfg.MergeEvents, Bytes: cfg.MergeBytes}))
 	promReg.MustRegister(replicaCollector{s})
 	return s, nil
 }
 
-// clients returns the shards serving r in namespace (all of r's shards for
-// a cluster-wide request).
-func (s *Server) clients(r *kube.Resource, namespace string) []heraldv1.CacheClient {
-	if namespace != "" {
-		return []heraldv1.CacheClient{s.caches[s.shards.For(r, namespace).Target]}
-	}
-	var out []heraldv1.CacheClient
-	for _, sh := range s.shards.All(r) {
-		out = append(out, s.caches[sh.Target])
-	}
-	return out
-}
+// WithClock replaces the real clock (tests drive time with a fake one).
+func WithClock(c clock.WithTicker) Option { return func(s *Server) { s.clock = c } }
 
 func (s *Server) hub(r *kube.Resource) *hub {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, ok := s.hubs[r.ID()]
 	if !ok {
-		h = newHub(r, s.clients(r, ""), ringLimits{events: s.cfg.RingSize, bytes: s.cfg.RingBytes}, s.log, s.m)
+		h = newHub(r, s.cache, ringLimits{events: s.cfg.RingSize, bytes: s.cfg.RingBytes}, s.log, s.m, s.clock)
 		h.tracer = s.tracer
 		s.hubs[r.ID()] = h
 		go h.run(s.ctx)
@@ -136,13 +141,6 @@ func (s *Server) hub(r *kube.Resource) *hub {
 }
 
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
-
-func planError(err error) error {
-	if errors.Is(err, rv.ErrInvalidCombination) {
-		return kube.FromGRPC(status.Error(codes.FailedPrecondition, err.Error()))
-	}
-	return badRequest(err.Error())
-}
 
 // ServeHTTP serves one watch request (the frontdoor has authenticated and
 // authorized it).
@@ -161,52 +159,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kube.WriteStatus(w, badRequest("this server only serves watch requests"))
 		return
 	}
-	fieldSel := q.Get("fieldSelector")
-	if info.Name != "" {
-		// A watch on /{resource}/{name} watches one object.
-		fs, err := fields.ParseSelector(fieldSel)
-		if err != nil {
-			kube.WriteStatus(w, badRequest("invalid field selector: "+err.Error()))
-			return
-		}
-		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
-	}
-	sel, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), fieldSel)
+	// Frontdoor has validated the options and forwarded them as parsed
+	// (kube.WatchRequest.Query); decoding them with the same parser
+	// cannot read anything else into them.
+	wr, err := kube.ParseWatch(info, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
 	}
-	var sendInitial *bool
-	if v := q.Get("sendInitialEvents"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			kube.WriteStatus(w, badRequest("sendInitialEvents must be true or false"))
-			return
-		}
-		sendInitial = &b
-	}
-	bookmarks := false
-	if v := q.Get("allowWatchBookmarks"); v != "" {
-		if bookmarks, err = strconv.ParseBool(v); err != nil {
-			kube.WriteStatus(w, badRequest("allowWatchBookmarks must be true or false"))
-			return
-		}
-	}
-	plan, err := rv.PlanWatch(q.Get("resourceVersion"), q.Get("resourceVersionMatch"), sendInitial, bookmarks)
-	if err != nil {
-		kube.WriteStatus(w, planError(err))
-		return
-	}
+	plan := wr.Plan
 	timeout := s.cfg.MinTimeout + rand.N(s.cfg.MaxTimeout-s.cfg.MinTimeout+1)
-	if v := q.Get("timeoutSeconds"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			kube.WriteStatus(w, badRequest("timeoutSeconds must be a non-negative integer"))
-			return
-		}
-		if n > 0 {
-			timeout = time.Duration(min(n, 1<<31)) * time.Second
-		}
+	if n := wr.TimeoutSeconds; n > 0 {
+		timeout = time.Duration(min(n, 1<<31)) * time.Second
 	}
 	if s.watchers.Add(1) > int64(s.cfg.MaxWatchers) {
 		s.watchers.Add(-1)
@@ -225,59 +189,64 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	f, err := s.negotiate(r, info.Resource)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, table: kube.WantsTable(r.Header.Get("Accept")), m: s.m}
-	ct := "application/json"
-	if st.table {
-		ct = "application/json;as=Table;v=v1;g=meta.k8s.io"
-	}
-	w.Header().Set("Content-Type", ct)
+	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, f: f, enc: s.encoder(info.Resource), m: s.m, clock: s.clock}
+	w.Header().Set("Content-Type", f.contentType())
 	w.Header().Set("Cache-Control", "no-cache, private")
 	// Compress only streams that start with a list's worth of initial
 	// state, and only when asked: compressing every event for every watcher
 	// would undo encode-once (kube-apiserver never compresses watches).
-	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && acceptsGzip(r) {
-		w.Header().Set("Content-Encoding", "gzip")
-		w.Header().Add("Vary", "Accept-Encoding")
-		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && service.AcceptsGzip(r) {
+		gz := service.GzipResponse(w)
 		defer gz.Close()
 		st.gz = gz
 	}
-	st.traceLines = s.tracer != nil && st.gz == nil && r.Header.Get(TraceLinesHeader) == "1"
+	// Trace lines are lines: only in a JSON stream.
+	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 
-	wt := newWatcher(sel, s.cfg.QueueEvents, s.cfg.QueueBytes)
-	// Once closed, the watcher has closeGrace to write what it had queued;
-	// a write still blocked then fails and the handler returns.
-	wt.abort = func() { st.rc.SetWriteDeadline(time.Now().Add(closeGrace)) }
+	wt := newWatcher(wr.Selector, s.cfg.QueueEvents, s.cfg.QueueBytes)
+	// Once closed, the watcher is counted at once and has closeGrace to
+	// write what it had queued; a write still blocked then fails and the
+	// handler returns. (The deadline is the connection's, in wall time: not
+	// the injected clock.)
+	wt.onClose = func(reason string) {
+		s.m.terminated.WithLabelValues(info.Resource.ID(), reason).Inc()
+		st.rc.SetWriteDeadline(time.Now().Add(closeGrace))
+	}
 	defer h.leave(wt)
 	last, err := s.start(ctx, st, h, wt, info, plan)
 	if err != nil {
 		if ctx.Err() == nil {
-			st.raw(kube.ErrorEvent(kube.FromGRPC(err)))
+			st.raw(st.enc.errorEvent(st.f, kube.FromGRPC(err)))
 			st.flush()
 		}
 		return
 	}
-	s.serve(ctx, st, h, wt, last, bookmarks)
+	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
 }
 
 // start sends the initial events (if any) and catches the watcher up until
 // it has joined the hub; it returns the revision it joined after.
 func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info kube.RequestInfo, plan rv.WatchPlan) (int64, error) {
-	clients := s.clients(info.Resource, info.Namespace)
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
-		rev, err := s.initialState(ctx, st, wt.sel, clients, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
+		rev, err := s.initialState(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent})
 		if err != nil {
 			return 0, err
 		}
 		if plan.InitialEventsEnd {
-			st.raw(bookmarkLine(info.Resource, rev, true))
+			st.bookmark(rev, true)
 		}
 		st.flush()
 		last = rev
@@ -291,14 +260,13 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 		backlog, _, ok := h.join(wt, last)
 		if ok {
 			for _, it := range backlog {
-				if t := it.transition(wt.sel); t != kube.Skip {
-					st.event(it, t)
-				}
+				st.send(it, wt.sel)
 			}
 			st.flush()
 			return last, st.err
 		}
-		rev, err := s.replay(ctx, st, wt.sel, clients, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last})
+		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last,
+			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String()})
 		if err != nil {
 			return 0, err
 		}
@@ -311,110 +279,57 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 			select {
 			case <-ctx.Done():
 				return 0, ctx.Err()
-			case <-time.After(50 * time.Millisecond):
+			case <-s.clock.After(50 * time.Millisecond):
 			}
 		}
 		last = max(last, rev)
 	}
 }
 
-// read runs one non-following cache watch, calling fn for every event
-// (bookmarks included) until the stream ends.
-func read(ctx context.Context, c heraldv1.CacheClient, req *heraldv1.WatchRequest, fn func(*heraldv1.Event) bool) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cs, err := c.Watch(ctx, req)
-	if err != nil {
-		return err
-	}
-	for {
-		resp, err := cs.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		for _, ev := range resp.Events {
-			if !fn(ev) {
-				return nil
-			}
-		}
-	}
-}
-
 // initialState writes the synthetic ADDED events of the state and returns
-// its revision. Over several shards, the first one chooses the revision
-// (consistent or not older than requested) and the others serve their state
-// at exactly that revision, so the union is one consistent state.
-func (s *Server) initialState(ctx context.Context, st *stream, sel *kube.Selector, clients []heraldv1.CacheClient, req *heraldv1.WatchRequest) (int64, error) {
+// its revision (the cache client assembles one consistent state across a
+// split resource's shards).
+func (s *Server) initialState(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
 	var rev int64
-	for i, c := range clients {
-		if i > 0 {
-			req = &heraldv1.WatchRequest{Resource: req.Resource, Namespace: req.Namespace, InitialEvents: true, StateRevision: rev}
+	err := cacheclient.ReadEvents(ctx, s.cache, req, func(ev *heraldv1.Event) bool {
+		if ev.Type == heraldv1.EventType_BOOKMARK {
+			rev = ev.Revision
+			return false // the state ends at its first bookmark
 		}
-		err := read(ctx, c, req, func(ev *heraldv1.Event) bool {
-			if ev.Type == heraldv1.EventType_BOOKMARK {
-				if i == 0 {
-					rev = ev.Revision
-				}
-				return false // the state ends at its first bookmark
-			}
-			it := newItem(ev)
-			if t := it.transition(sel); t != kube.Skip {
-				st.event(it, t)
-			}
-			return st.err == nil
-		})
-		if err != nil {
-			return 0, err
-		}
-		st.flush()
-		if st.err != nil {
-			return 0, st.err
-		}
+		st.send(newItem(ev), sel)
+		return st.err == nil
+	})
+	if err != nil {
+		return 0, err
 	}
-	return rev, nil
+	st.flush()
+	return rev, st.err
 }
 
-// replay writes, filtered by sel and merged by revision across clients, the
-// events after req.AfterRevision that every shard has passed, and returns
-// the revision it is complete through.
-func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, clients []heraldv1.CacheClient, req *heraldv1.WatchRequest) (int64, error) {
-	lists := make([][]*heraldv1.Event, len(clients))
-	through := int64(-1)
-	for i, c := range clients {
-		var t int64
-		err := read(ctx, c, req, func(ev *heraldv1.Event) bool {
-			if ev.Type == heraldv1.EventType_BOOKMARK {
-				t = max(t, ev.Revision)
-			} else {
-				lists[i] = append(lists[i], ev)
-			}
-			return true
-		})
-		if err != nil {
-			return 0, err
-		}
-		if through < 0 || t < through {
-			through = t
-		}
+// replay writes, filtered by sel, the events after req.AfterRevision that
+// the cache (every shard of it) has passed, and returns the revision it is
+// complete through. req carries the watcher's selectors, so the caches send
+// only the events that can concern it; events are written as they arrive
+// (a slow client slows the replay through the gRPC stream's flow control),
+// and the replay ends as soon as the client is gone. At most
+// --replay.concurrency replays run at once.
+func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
+	release, err := s.replays.Acquire(ctx)
+	if err != nil {
+		return 0, err
 	}
-	for {
-		best := -1
-		for i, l := range lists {
-			if len(l) > 0 && l[0].Revision <= through && (best < 0 || l[0].Revision < lists[best][0].Revision) {
-				best = i
-			}
+	defer release()
+	var through int64
+	err = cacheclient.ReadEvents(ctx, s.cache, req, func(ev *heraldv1.Event) bool {
+		if ev.Type == heraldv1.EventType_BOOKMARK {
+			through = max(through, ev.Revision)
+		} else {
+			st.send(newItem(ev), sel)
 		}
-		if best < 0 {
-			break
-		}
-		it := newItem(lists[best][0])
-		lists[best] = lists[best][1:]
-		if t := it.transition(sel); t != kube.Skip {
-			st.event(it, t)
-		}
+		return st.err == nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	st.flush()
 	return through, st.err
@@ -425,16 +340,11 @@ func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, cli
 func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, last int64, bookmarks bool) {
 	var tick <-chan time.Time
 	if bookmarks {
-		t := time.NewTicker(s.cfg.BookmarkInterval)
+		t := s.clock.NewTicker(s.cfg.BookmarkInterval)
 		defer t.Stop()
-		tick = t.C
+		tick = t.C()
 	}
 	st.last = max(st.last, last)
-	defer func() {
-		if reason := wt.closedReason(); reason != "" {
-			s.m.terminated.WithLabelValues(st.res.ID(), reason).Inc()
-		}
-	}()
 	var batch []queued
 	// drain writes everything queued (one flush for the whole batch) and
 	// keeps the batch's buffer only if it is small: an idle watcher should
@@ -458,8 +368,15 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		case <-wt.done:
 			// Deliver what was queued before the overflow (within the
 			// close grace), then end the stream: the client resumes after
-			// the last event it received.
+			// the last event it received. A bookmark at what was delivered
+			// ends it: client-go takes a watch that ends within a second
+			// with nothing received for a failure and relists, and a hub
+			// reset closes every watcher at once, just joined ones too (a
+			// relist storm while the caches restart).
 			drain()
+			if bookmarks {
+				st.raw(bookmarkLine(st.res, st.last, false))
+			}
 			st.flush()
 			return
 		case <-wt.wake:
@@ -470,7 +387,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			// then the bookmark.
 			head := h.head.Load()
 			drain()
-			st.raw(bookmarkLine(st.res, max(head, st.last), false))
+			st.bookmark(max(head, st.last), false)
 			st.flush()
 		}
 	}
@@ -482,13 +399,15 @@ type stream struct {
 	gz        *gzip.Writer // nil: uncompressed
 	rc        *http.ResponseController
 	res       *kube.Resource
-	table     bool
+	f         format
+	enc       *encoder
 	tableCols bool
 	m         *metrics
+	clock     clock.PassiveClock
 	last      int64
 	err       error
 
-	// traceLines: write trace lines for frontdoor (see TraceLinesHeader).
+	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
 	traceLines bool
 }
 
@@ -504,13 +423,14 @@ func (st *stream) raw(b []byte) {
 }
 
 func (st *stream) event(it *item, t kube.Transition) {
-	var b []byte
-	if st.table {
-		b = tableLine(st.res, typeNames[t], it.object(t), !st.tableCols)
-		st.tableCols = true
-	} else {
-		b = it.line(t)
+	b, err := st.enc.encoded(it, st.f, t, !st.tableCols)
+	if err != nil {
+		// kube-apiserver ends a watch whose event it cannot encode; the
+		// client resumes from the last event it received.
+		st.err = err
+		return
 	}
+	st.tableCols = true
 	if tl := st.traceLine(it); tl != nil {
 		st.raw(tl)
 	}
@@ -522,7 +442,16 @@ func (st *stream) event(it *item, t kube.Transition) {
 	st.m.sent.WithLabelValues(st.res.ID()).Inc()
 	st.m.sentBytes.WithLabelValues(st.res.ID()).Add(float64(len(b)))
 	if it.ev.ObservedUnixNano > 0 {
+		// Wall time on both ends (ingest's and this host's): not the
+		// injected clock.
 		st.m.latency.Observe(time.Since(time.Unix(0, it.ev.ObservedUnixNano)).Seconds())
+	}
+}
+
+// send writes it if sel's watcher sees it.
+func (st *stream) send(it *item, sel *kube.Selector) {
+	if t := it.transition(sel); t != kube.Skip {
+		st.event(it, t)
 	}
 }
 
@@ -533,15 +462,6 @@ func (st *stream) flush() {
 	if st.err == nil {
 		st.err = st.rc.Flush()
 	}
-}
-
-func acceptsGzip(r *http.Request) bool {
-	for _, p := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
-		if enc, _, _ := strings.Cut(strings.TrimSpace(p), ";"); enc == "gzip" {
-			return true
-		}
-	}
-	return false
 }
 
 func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }

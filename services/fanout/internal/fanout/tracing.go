@@ -19,18 +19,6 @@ type Option func(*Server)
 // attribute — never a span per watcher. nil: no tracing.
 func WithTracer(t trace.Tracer) Option { return func(s *Server) { s.tracer = t } }
 
-// TraceLinesHeader is the request header with which a frontdoor asks for
-// trace lines on the internal hop: before the first delivery of a sampled
-// event, the stream carries one line "#herald:traceparent=<W3C
-// traceparent>\n" naming the fanout.dispatch span. Frontdoor removes these
-// lines (a JSON watch line never starts with '#') and records its own span
-// as a child, so the client's wire format does not change. Streams that are
-// gzipped never carry them.
-const TraceLinesHeader = "X-Herald-Trace-Lines"
-
-// TraceLinePrefix starts a trace line.
-const TraceLinePrefix = "#herald:traceparent="
-
 // dispatchTraced dispatches it, inside a span when the event is sampled.
 // Called with the hub's mu held.
 func (h *hub) dispatchTraced(it *item) {
@@ -59,7 +47,7 @@ func (st *stream) traceLine(it *item) []byte {
 	if !st.traceLines || it.tp == "" || !it.traced.CompareAndSwap(false, true) {
 		return nil
 	}
-	return []byte(TraceLinePrefix + it.tp + "\n")
+	return service.TraceLine(it.tp)
 }
 
 // replicaCollector reports, at scrape time, each hub's revision (the fanout

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -52,7 +53,7 @@ func BenchmarkEventTracing(b *testing.B) {
 				defer tp.Shutdown(context.Background())
 				tracer = tp.Tracer("bench")
 			}
-			h := newHub(res, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()))
+			h := newHub(res, nil, ringLimits{events: 1024, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 			h.tracer = tracer
 			var ws []*watcher
 			for i := range 100 {

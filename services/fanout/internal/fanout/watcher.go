@@ -12,6 +12,9 @@ const (
 	reasonQueueFull     = "queue_full"
 	reasonQueueBytes    = "queue_bytes"
 	reasonUpstreamReset = "upstream_reset"
+	// reasonUpstreamLagging: a cache shard lagged so far behind the others
+	// that the merge's bound was reached (cacheclient.LagError).
+	reasonUpstreamLagging = "upstream_lagging"
 )
 
 type queued struct {
@@ -44,10 +47,11 @@ type watcher struct {
 	once   sync.Once
 	done   chan struct{}
 	reason string
-	// abort, when set, bounds the writer's blocking write once the watcher
-	// is closed: a client that stopped reading must not hold a goroutine
-	// and a connection open.
-	abort func()
+	// onClose, when set, runs once as the watcher is closed, with the
+	// reason: it counts the termination when the server decides it and
+	// bounds the writer's blocking write (a client that stopped reading
+	// must not hold a goroutine and a connection open).
+	onClose func(reason string)
 }
 
 func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
@@ -103,8 +107,8 @@ func (w *watcher) close(reason string) {
 	w.once.Do(func() {
 		w.reason = reason
 		close(w.done)
-		if w.abort != nil {
-			w.abort()
+		if w.onClose != nil {
+			w.onClose(reason)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package frontdoor
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"herald.dev/libs/service"
 )
 
 // Well-known users and groups, as kube-apiserver names them.
@@ -37,6 +40,9 @@ type User struct {
 	Name   string
 	UID    string
 	Groups []string
+	// Extra is what the cluster's TokenReview (or an impersonation) says
+	// besides (cluster mode: forwarded as Impersonate-Extra-*).
+	Extra map[string][]string
 	// Method names the authenticator that vouched for the user (audit).
 	Method string
 }
@@ -56,9 +62,9 @@ func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
 // Every authenticated user is also in system:authenticated. The secrets
 // themselves never leave this file: errors name the reason, not the token.
 type authenticator struct {
-	tokens    *reloadable[tokenFile]     // nil: no static tokens
-	clientCAs *reloadable[x509.CertPool] // nil: client certificates ignored
-	saKeys    *reloadable[saKeySet]      // nil: no service-account tokens
+	tokens    *service.Reloadable[tokenFile]     // nil: no static tokens
+	clientCAs *service.Reloadable[x509.CertPool] // nil: client certificates ignored
+	saKeys    *service.Reloadable[saKeySet]      // nil: no service-account tokens
 	issuers   []string
 	audiences []string
 	anonymous bool
@@ -168,8 +174,9 @@ type saClaims struct {
 
 // serviceAccount verifies a service-account JWT: signature by one of the
 // keys (RS*/ES* only: never "none" or HMAC with a public key), an accepted
-// issuer, an accepted audience (legacy tokens have none), not expired and
-// not before its time, and a subject of the form
+// issuer, an accepted audience (legacy tokens have none), an expiry (legacy
+// Secret-based tokens, which have none, are refused), not expired and not
+// before its time, and a subject of the form
 // system:serviceaccount:<namespace>:<name> that agrees with the private
 // claims. Bound tokens are not checked against the live ServiceAccount,
 // Pod or Secret: Herald has no such objects to look them up in.
@@ -180,6 +187,9 @@ func (a *authenticator) serviceAccount(raw string) (*User, error) {
 		jwt.WithValidMethods([]string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}),
 		jwt.WithTimeFunc(a.now),
 		jwt.WithLeeway(time.Minute/2),
+		// A token without exp would be valid forever: leaked, it could only
+		// be revoked by rotating the signing key.
+		jwt.WithExpirationRequired(),
 	)
 	_, err := p.ParseWithClaims(raw, &claims, func(*jwt.Token) (any, error) {
 		return jwt.VerificationKeySet{Keys: keys}, nil
@@ -255,19 +265,21 @@ func loadTokens(path string) (*tokenFile, error) {
 		}
 		a.users[sha256.Sum256([]byte(rec[0]))] = u
 	}
-	if len(a.users) == 0 {
-		return nil, fmt.Errorf("token file %s has no tokens", path)
-	}
+	// An empty file is valid: it revokes every token (a file that fails to
+	// parse, by contrast, keeps the last good set).
 	return a, nil
 }
 
+// loadCertPool reads the client CA bundle. An empty file (or one of only
+// whitespace) is an empty pool, so that emptying it revokes every client
+// certificate; anything else must be PEM certificates.
 func loadCertPool(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("client CA: %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
+	if len(bytes.TrimSpace(b)) > 0 && !pool.AppendCertsFromPEM(b) {
 		return nil, fmt.Errorf("client CA %s: no PEM certificates", path)
 	}
 	return pool, nil

@@ -37,6 +37,17 @@ func saToken(t *testing.T, method jwt.SigningMethod, key any, mod func(jwt.MapCl
 	return s
 }
 
+// legacyClaims turns the claims into a legacy Secret-based token's: legacy
+// issuer and private claims, no audience, no expiry.
+func legacyClaims(c jwt.MapClaims) {
+	delete(c, "kubernetes.io")
+	delete(c, "aud")
+	delete(c, "exp")
+	c["iss"] = "kubernetes/serviceaccount"
+	c["kubernetes.io/serviceaccount/namespace"] = "ns1"
+	c["kubernetes.io/serviceaccount/service-account.name"] = "builder"
+}
+
 func TestServiceAccountTokens(t *testing.T) {
 	dir := t.TempDir()
 	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -55,14 +66,7 @@ func TestServiceAccountTokens(t *testing.T) {
 	}{
 		{"ES256", saToken(t, jwt.SigningMethodES256, ecKey, nil), true},
 		{"RS256", saToken(t, jwt.SigningMethodRS256, rsaKey, nil), true},
-		{"legacy", saToken(t, jwt.SigningMethodES256, ecKey, func(c jwt.MapClaims) {
-			delete(c, "kubernetes.io")
-			delete(c, "aud")
-			delete(c, "exp")
-			c["iss"] = "kubernetes/serviceaccount"
-			c["kubernetes.io/serviceaccount/namespace"] = "ns1"
-			c["kubernetes.io/serviceaccount/service-account.name"] = "builder"
-		}), false}, // legacy issuer not configured
+		{"legacy", saToken(t, jwt.SigningMethodES256, ecKey, legacyClaims), false}, // legacy issuer not configured
 		{"expired", saToken(t, jwt.SigningMethodES256, ecKey, func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-time.Hour).Unix() }), false},
 		{"not yet valid", saToken(t, jwt.SigningMethodES256, ecKey, func(c jwt.MapClaims) { c["nbf"] = time.Now().Add(time.Hour).Unix() }), false},
 		{"unknown key", saToken(t, jwt.SigningMethodES256, otherKey, nil), false},

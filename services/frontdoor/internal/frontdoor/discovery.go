@@ -34,7 +34,7 @@ func newDiscovery(reg *kube.Registry) *discovery {
 		}
 		byGV[gv] = append(byGV[gv], metav1.APIResource{
 			Name: r.Plural, SingularName: r.Singular, Namespaced: r.Namespaced, Kind: r.Kind,
-			Verbs: metav1.Verbs{"get", "list", "watch"}, ShortNames: r.ShortNames,
+			Verbs: metav1.Verbs{"get", "list", "watch"}, ShortNames: r.ShortNames, Categories: r.Categories,
 		})
 	}
 	put("/api", metav1.APIVersions{

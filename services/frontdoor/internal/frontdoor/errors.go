@@ -9,15 +9,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"herald.dev/libs/kube"
-	"herald.dev/libs/rv"
 )
 
 // The frontdoor's own errors, as the Kubernetes API errors a client gets.
 // Errors of the cache come through kube.FromGRPC; option errors found here
-// are mapped the same way, so a client sees the same Status whichever hop
-// rejected its request.
+// are mapped the same way (kube.OptionError), so a client sees the same
+// Status whichever hop rejected its request.
 
 // statusInvalid is an option combination kube-apiserver rejects as 422.
 func statusInvalid(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
@@ -25,30 +22,19 @@ func statusInvalid(msg string) error { return status.Error(codes.FailedPrecondit
 // badRequest is a 400 with msg.
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
 
-// optionError maps an error of libs/rv (resourceVersion, continue tokens)
-// or of selector parsing to its Kubernetes Status.
-func optionError(err error) error {
-	switch {
-	case errors.Is(err, rv.ErrMalformed):
-		return kube.FromGRPC(status.Error(codes.InvalidArgument, err.Error()))
-	case errors.Is(err, rv.ErrInvalidCombination):
-		return kube.FromGRPC(statusInvalid(err.Error()))
-	}
-	var api apierrors.APIStatus
-	if errors.As(err, &api) {
-		return err
-	}
-	return badRequest(err.Error())
-}
-
 // errUnauthorized is kube-apiserver's 401: the reason stays in the audit
 // log, never in the response.
 func errUnauthorized() error { return apierrors.NewUnauthorized("Unauthorized") }
 
-// errForbidden is the 403 of a denied request, worded as kube-apiserver's.
-func errForbidden(a attributes) error {
+// errForbidden is the 403 of a denied request, worded as kube-apiserver's:
+// the authorizer's reason, when it gave one, follows the denial.
+func errForbidden(a attributes, why string) error {
 	gr := schema.GroupResource{Group: a.group, Resource: a.resource}
-	return apierrors.NewForbidden(gr, a.name, errors.New(forbiddenReason(a)))
+	msg := forbiddenReason(a)
+	if why != "" {
+		msg += ": " + why
+	}
+	return apierrors.NewForbidden(gr, a.name, errors.New(msg))
 }
 
 // errTooMany is a 429 with Retry-After.

@@ -1,28 +1,28 @@
 package frontdoor
 
 import (
+	"bytes"
+	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 )
 
 // Identity headers on the internal hop to fanout, kube-apiserver's
@@ -44,6 +44,23 @@ const (
 // is invisible to it. Once the response has started, a replica's failure
 // ends the client's stream; the client resumes from its last
 // resourceVersion on any replica (they keep no per-client state).
+//
+// The pool also keeps its watches balanced over the replicas it knows: a
+// replica added under load would otherwise get only new watches, while the
+// existing ones stay where they are until they time out (up to an hour).
+// Every rebalance interval, a replica holding more than its fair share of
+// this frontdoor's watches (ceil(watches/replicas up), plus a tenth for
+// slack) has its excess ended cleanly, at most rebalance-max-share of the
+// watches per interval (at least one): the stream ends after a whole event,
+// as at a server-side timeout, and the client resumes from its
+// resourceVersion, routed to the least loaded replica. Each frontdoor
+// balances its own watches, so together they balance all of them; the rule
+// is deterministic (kube-apiserver's --goaway-chance is random) so that a
+// scale-out is relieved within a few intervals, never by luck.
+//
+// Invariant: a backend's open count is exactly the number of watches being
+// proxied to it, whatever way the proxying ends (an error, the client
+// leaving, the reverse proxy's abort panic).
 type fanoutPool struct {
 	log *slog.Logger
 	// backends are the replicas: one per configured URL whose host is an
@@ -51,6 +68,7 @@ type fanoutPool struct {
 	// resolve, so a scaled-out replica starts taking watches within a
 	// refresh). newBackend builds one.
 	mu         sync.RWMutex
+	refreshMu  sync.Mutex
 	backends   []*backend
 	names      []*url.URL // configured URLs with a DNS name
 	newBackend func(u *url.URL) *backend
@@ -58,6 +76,15 @@ type fanoutPool struct {
 	downFor    time.Duration
 	retries    func(host string)
 	tracer     trace.Tracer // nil: tracing off
+	// kick (capacity 1) asks for a re-resolve now: a replica failed, and
+	// the set of replicas may have changed.
+	kick chan struct{}
+	// rebalanceEvery (0: never) and rebalanceShare bound the shedding;
+	// shed counts watches ended to rebalance, by replica.
+	rebalanceEvery time.Duration
+	rebalanceShare float64
+	shed           func(host string)
+	dialTimeout    time.Duration // of a probe
 }
 
 // backend is one fanout replica.
@@ -67,27 +94,100 @@ type backend struct {
 	proxy  *httputil.ReverseProxy
 	open   atomic.Int64
 	down   atomic.Int64 // unix nanos until which it is skipped
+	// failing: its last attempt failed and neither an attempt nor a probe
+	// (a TCP connection) has succeeded since. Rebalancing moves no watches
+	// towards it (it may be gone for good).
+	failing atomic.Bool
+
+	mu       sync.Mutex
+	watches  map[*shedBody]struct{} // streaming watches that can be shed
+	shedding int                    // watches shed that have not ended yet
+}
+
+// probe clears failing if b accepts a connection now.
+func (b *backend) probe(timeout time.Duration) {
+	port := b.url.Port()
+	if port == "" {
+		port = "80"
+		if b.url.Scheme == "https" {
+			port = "443"
+		}
+	}
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(b.url.Hostname(), port), max(timeout, 100*time.Millisecond))
+	if err == nil {
+		c.Close()
+		b.failing.Store(false)
+	}
+}
+
+// streaming registers a watch whose response is streaming; the returned
+// func unregisters it.
+func (b *backend) streaming(body *shedBody) func() {
+	b.mu.Lock()
+	if b.watches == nil {
+		b.watches = map[*shedBody]struct{}{}
+	}
+	b.watches[body] = struct{}{}
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		if _, ok := b.watches[body]; ok {
+			delete(b.watches, body)
+		} else {
+			b.shedding-- // shed: it has ended now
+		}
+		b.mu.Unlock()
+	}
+}
+
+// shedUpTo ends up to n of b's streaming watches and returns how many.
+func (b *backend) shedUpTo(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	done := 0
+	for body := range b.watches {
+		if done == n {
+			break
+		}
+		delete(b.watches, body)
+		b.shedding++
+		body.end()
+		done++
+	}
+	return done
+}
+
+// load is b's open watches, less those shed and about to end.
+func (b *backend) load() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open.Load() - int64(b.shedding)
 }
 
 type attemptKey struct{}
 
 // attempt is the outcome of proxying a watch to one replica.
 type attempt struct {
-	user *User
-	last bool  // no replica left to retry on: pass a 503 through
-	err  error // the replica failed before the response started
+	user  *User
+	query string // the watch's options, as parsed (kube.WatchRequest.Query)
+	last  bool   // no replica left to retry on: pass a 503 through
+	err   error  // the replica failed before the response started
+	// cancel aborts the upstream request; done unregisters a streaming
+	// watch (set once its response has started, if it can be shed).
+	cancel context.CancelFunc
+	done   func()
 }
 
 var errReplicaUnavailable = errors.New("replica answered 503")
 
 func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error) {
-	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, retries: func(host string) { m.fanoutRetries.WithLabelValues(host).Inc() }}
-	var tlsCfg *tls.Config
-	if cfg.FanoutTLS.Enabled() {
-		var err error
-		if tlsCfg, err = ClientTLSConfig(cfg.FanoutTLS, log, m.reloads); err != nil {
-			return nil, fmt.Errorf("fanout.tls: %w", err)
-		}
+	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1),
+		rebalanceEvery: cfg.FanoutRebalance, rebalanceShare: cfg.FanoutRebalanceShare, dialTimeout: cfg.FanoutDialTimeout,
+		retries: func(host string) { m.fanoutRetries.WithLabelValues(host).Inc() },
+		shed:    func(host string) { m.fanoutShed.WithLabelValues(host).Inc() }}
+	tlsCfg, err := cfg.FanoutTLS.Config(log, m.reloads)
+	if err != nil {
+		return nil, fmt.Errorf("fanout.tls: %w", err)
 	}
 	tr := &http.Transport{
 		Proxy:                 nil,
@@ -99,7 +199,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// plaintext): per-connection buffers would otherwise cost every
 		// watch. Spreading does not depend on connections: the pool picks
 		// the replica (by address) for every watch.
-		Protocols:           fanoutProtocols(),
+		Protocols:           service.ClientProtocols(),
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		// Watches are already compressed or not by the client's choice; the
@@ -113,10 +213,11 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 			FlushInterval: -1, // every write of a watch goes out at once
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(u)
-				// Forward the query as frontdoor parsed and validated it,
-				// re-encoded: fanout cannot read anything else into it.
-				pr.Out.URL.RawQuery = pr.In.URL.Query().Encode()
+				// Forward the watch as frontdoor parsed and validated it,
+				// in its canonical encoding: fanout decodes it with the same
+				// parser and cannot read anything else into it.
 				at := pr.In.Context().Value(attemptKey{}).(*attempt)
+				pr.Out.URL.RawQuery = at.query
 				setIdentity(pr.Out.Header, at.user)
 				p.rewriteTrace(pr)
 			},
@@ -127,6 +228,19 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 					return errReplicaUnavailable
 				}
 				p.traceResponse(resp)
+				b.failing.Store(false)
+				if resp.StatusCode == http.StatusOK {
+					// An upstream that dies mid-stream ends the client's
+					// watch cleanly: it resumes from its resourceVersion.
+					resp.Body = &endCleanly{ReadCloser: resp.Body}
+				}
+				if resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Encoding") == "" {
+					// A stream of lines, which can be ended between two
+					// (a compressed one cannot: it stays until it ends).
+					body := &shedBody{ReadCloser: resp.Body, cancel: at.cancel, boundary: true}
+					resp.Body = body
+					at.done = b.streaming(body)
+				}
 				return nil
 			},
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -158,20 +272,73 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	return p, nil
 }
 
-// resolve keeps the replicas behind configured names current until ctx
-// ends.
-func (p *fanoutPool) resolve(ctx context.Context, every time.Duration) {
+// run keeps the replicas behind configured names current (every
+// interval, and at once when one fails) and the watches balanced over
+// them, until ctx ends.
+func (p *fanoutPool) run(ctx context.Context, every time.Duration) {
+	if p.rebalanceEvery > 0 {
+		go service.Every(ctx, p.rebalanceEvery, p.rebalance)
+	}
 	if len(p.names) == 0 {
 		return
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
+	go service.Every(ctx, every, func() { p.refresh(ctx) })
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-p.kick:
 			p.refresh(ctx)
+		}
+	}
+}
+
+// rebalance ends the excess watches of the replicas holding more than their
+// fair share of this frontdoor's watches (see fanoutPool), at most
+// rebalanceShare of them (at least one). Replicas that are down or whose
+// last attempt failed do not count: watches moved towards them would only
+// come back.
+func (p *fanoutPool) rebalance() {
+	now := time.Now().UnixNano()
+	p.mu.RLock()
+	backends := p.backends
+	p.mu.RUnlock()
+	type load struct {
+		b *backend
+		n int64
+	}
+	var up []load
+	var total int64
+	for _, b := range backends {
+		if b.failing.Load() && b.down.Load() <= now {
+			b.probe(p.dialTimeout)
+		}
+		if b.down.Load() <= now && !b.failing.Load() {
+			n := b.load()
+			up = append(up, load{b, n})
+			total += n
+		}
+	}
+	if len(up) < 2 || total == 0 {
+		return
+	}
+	fair := (total + int64(len(up)) - 1) / int64(len(up))
+	limit := fair + fair/10
+	budget := max(1, int64(math.Ceil(float64(total)*p.rebalanceShare)))
+	slices.SortFunc(up, func(a, b load) int { return cmp.Compare(b.n, a.n) })
+	for _, l := range up {
+		if budget == 0 || l.n <= limit {
+			return
+		}
+		n := int64(l.b.shedUpTo(int(min(l.n-fair, budget))))
+		budget -= n
+		if n > 0 {
+			p.log.Info("rebalancing watches off a loaded fanout replica", "fanout", l.b.url.Host, "watches", l.n, "fair", fair, "shed", n)
+			if p.shed != nil {
+				for range n {
+					p.shed(l.b.url.Host)
+				}
+			}
 		}
 	}
 }
@@ -180,6 +347,8 @@ func (p *fanoutPool) resolve(ctx context.Context, every time.Duration) {
 // the backends (and their load) of addresses that remain. A failed lookup
 // keeps the previous replicas.
 func (p *fanoutPool) refresh(ctx context.Context) {
+	p.refreshMu.Lock() // one at a time: each replaces the backends it read
+	defer p.refreshMu.Unlock()
 	p.mu.RLock()
 	byURL := map[string]*backend{}
 	for _, b := range p.backends {
@@ -226,17 +395,26 @@ func (p *fanoutPool) refresh(ctx context.Context) {
 	p.mu.Unlock()
 }
 
+// endCleanly is the body of a watch a replica is streaming: when the
+// replica fails mid-stream (killed, cut off), the client's watch ends as if
+// the server had closed it, not aborted (an HTTP/2 stream reset, a torn
+// chunked body). client-go resumes a watch that ended from its last
+// resourceVersion, but relists on an aborted one: a whole fleet at once
+// when a fanout replica dies, every LIST reaching the caches.
+type endCleanly struct{ io.ReadCloser }
+
+func (b *endCleanly) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		err = io.EOF
+	}
+	return n, err
+}
+
 // setIdentity replaces every identity header with the user's. Credentials
 // never go to fanout.
 func setIdentity(h http.Header, u *User) {
-	for k := range h {
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "x-remote-") || strings.HasPrefix(lk, "impersonate-") {
-			delete(h, k)
-		}
-	}
-	h.Del("Authorization")
-	h.Del("Cookie")
+	dropIdentity(h)
 	h.Set(hdrRemoteUser, u.Name)
 	if u.UID != "" {
 		h.Set(hdrRemoteUID, u.UID)
@@ -275,63 +453,94 @@ func (p *fanoutPool) order() []*backend {
 	return out
 }
 
-// serve proxies one authorized watch.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User) {
+// serve proxies one authorized watch, wr its parsed options.
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest) {
 	order := p.order()
+	query := wr.Query().Encode()
 	for i, b := range order {
-		at := &attempt{user: u, last: i == len(order)-1}
-		b.open.Add(1)
-		b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, at)))
-		b.open.Add(-1)
+		at := &attempt{user: u, query: query, last: i == len(order)-1}
+		p.proxy(b, w, r, at)
 		if at.err == nil {
 			return
 		}
 		b.down.Store(time.Now().Add(p.downFor).UnixNano())
+		b.failing.Store(true)
 		p.log.Warn("fanout replica failed, trying the next", "fanout", b.url.Host, "err", at.err)
 		if p.retries != nil {
 			p.retries(b.url.Host)
+		}
+		select { // the replicas may have changed: look again now
+		case p.kick <- struct{}{}:
+		default:
 		}
 	}
 	kube.WriteStatus(w, errUnavailable("no watch server is reachable, please try again"))
 }
 
-func fanoutProtocols() *http.Protocols {
-	p := new(http.Protocols)
-	p.SetHTTP2(true)
-	p.SetUnencryptedHTTP2(true)
-	return p
+// proxy runs one attempt on b. Whatever way it ends (the reverse proxy
+// panics with http.ErrAbortHandler when the client goes away mid-stream),
+// b's open count and streaming set are restored.
+func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, at *attempt) {
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), attemptKey{}, at))
+	at.cancel = cancel
+	b.open.Add(1)
+	defer func() {
+		if at.done != nil {
+			at.done()
+		}
+		cancel()
+		b.open.Add(-1)
+	}()
+	b.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// ClientTLSConfig is the client side of mutual TLS to an internal service
-// (fanout over HTTPS, the cache over gRPC). The client certificate is
-// re-read when its files change.
-func ClientTLSConfig(c ClientTLS, log *slog.Logger, reloads *prometheus.CounterVec) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
-	if c.CAFile != "" {
-		b, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("%s: no PEM certificates", c.CAFile)
-		}
-		cfg.RootCAs = pool
+// shedBody is the response body of a streaming watch, which the pool may
+// end to rebalance: once ended, it reports io.EOF at the first line
+// boundary (dropping a partial line read past it), so the client sees a
+// clean end of stream after a whole event and resumes from its
+// resourceVersion.
+type shedBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc // aborts the upstream request
+
+	mu       sync.Mutex
+	ended    bool
+	boundary bool // what was returned so far ends with a whole line
+}
+
+func (b *shedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.ended && b.boundary {
+		b.mu.Unlock()
+		return 0, io.EOF
 	}
-	if c.CertFile != "" {
-		certs, err := newReloadable("client certificate", staticFiles(c.CertFile, c.KeyFile), func() (*tls.Certificate, error) {
-			crt, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-			return &crt, err
-		})
-		if err != nil {
-			return nil, err
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		if i := bytes.LastIndexByte(p[:n], '\n'); i >= 0 {
+			b.boundary = true
+			return i + 1, io.EOF
 		}
-		// Re-read on each new connection when the files changed: a
-		// handshake is rare next to the watches it carries.
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			certs.check(log, reloads)
-			return certs.Get(), nil
+		if b.boundary {
+			return 0, io.EOF
 		}
 	}
-	return cfg, nil
+	if n > 0 {
+		b.boundary = p[n-1] == '\n'
+	}
+	return n, err
+}
+
+// end ends the stream: at once between lines (the upstream request is
+// cancelled, which the read above reports as the end), else after the line
+// in progress.
+func (b *shedBody) end() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = true
+	if b.boundary {
+		b.cancel()
+	}
 }

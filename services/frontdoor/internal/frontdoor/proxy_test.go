@@ -1,6 +1,7 @@
 package frontdoor
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -47,5 +48,58 @@ func TestFanoutRetry(t *testing.T) {
 	code, body, h := do(s2, tokAlice, "/api/v1/namespaces/ns1/pods?watch=true")
 	if c, reason, _ := statusOf(t, body); code != 503 || c != 503 || reason != "ServiceUnavailable" || h.Get("Retry-After") != "1" {
 		t.Fatalf("no replica: %d %s", code, body)
+	}
+}
+
+// TestWatchForwardedAsParsed: fanout receives a watch's options in their
+// canonical encoding (kube.WatchRequest.Query), whatever else or however
+// the client spelled them; a bad option never reaches a replica.
+func TestWatchForwardedAsParsed(t *testing.T) {
+	var got []string
+	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.URL.RawQuery)
+		w.Write([]byte("{}\n"))
+	}))
+	defer fan.Close()
+	s, _ := testServer(t, fan.URL, nil)
+	code, body, _ := do(s, tokAlice, "/api/v1/namespaces/ns1/pods?watch=1&resourceVersion=7&allowWatchBookmarks=1&timeoutSeconds=030&limit=5&pretty=true&labelSelector=app%3Dweb")
+	if code != 200 {
+		t.Fatalf("watch: %d %s", code, body)
+	}
+	if want := "allowWatchBookmarks=true&labelSelector=app%3Dweb&resourceVersion=7&timeoutSeconds=30&watch=true"; len(got) != 1 || got[0] != want {
+		t.Fatalf("fanout got %q, want %q", got, want)
+	}
+	code, body, _ = do(s, tokAlice, "/api/v1/namespaces/ns1/pods?watch=1&resourceVersionMatch=NotOlderThan")
+	if c, reason, _ := statusOf(t, body); code != 422 || c != 422 || reason != "Invalid" || len(got) != 1 {
+		t.Fatalf("invalid watch: %d %s (fanout asked %d times)", code, body, len(got))
+	}
+}
+
+// TestWatchEndsCleanlyWhenReplicaDies: a fanout replica that dies in the
+// middle of a watch ends the client's watch as a server closing it would,
+// not with an aborted stream: client-go resumes an ended watch from its
+// resourceVersion but relists after an aborted one (a relist storm when a
+// replica carrying thousands of informers dies).
+func TestWatchEndsCleanlyWhenReplicaDies(t *testing.T) {
+	const line = `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","namespace":"ns1","resourceVersion":"7"}}}` + "\n"
+	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(line))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the replica dies: its connection is cut
+	}))
+	defer fan.Close()
+	s, _ := testServer(t, fan.URL, nil)
+	front := httptest.NewServer(s)
+	defer front.Close()
+	req, _ := http.NewRequest(http.MethodGet, front.URL+"/api/v1/namespaces/ns1/pods?watch=true", nil)
+	req.Header.Set("Authorization", "Bearer "+tokAlice)
+	resp, err := front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || err != nil || string(body) != line {
+		t.Fatalf("watch through a dying replica: %d, %q, %v (want 200, the event, a clean end)", resp.StatusCode, body, err)
 	}
 }

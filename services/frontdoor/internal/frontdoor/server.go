@@ -17,25 +17,38 @@
 //     verb, resource and namespace (rbac.go): 403;
 //  7. the limits (limits.go): 429 with Retry-After, per user and overall,
 //     watches and other requests separately;
-//  8. option validation (resourceVersion, selectors, continue, limit): 400
-//     or 422 before any backend is asked;
-//  9. LIST/GET from the cache over gRPC; WATCH proxied to a fanout replica
-//     (proxy.go) with the user's identity in headers, never the credential.
+//  8. content negotiation (negotiate.go): 406 for what kube-apiserver
+//     refuses; then option validation (resourceVersion, selectors, continue,
+//     limit): 400 or 422 before any backend is asked (errors from here on in
+//     the negotiated media type);
+//  9. LIST/GET from the cache over gRPC, encoded as negotiated; WATCH
+//     proxied to a fanout replica (proxy.go) with the user's identity in
+//     headers, never the credential, and the client's Accept.
+//
+// Every response but a watch's must reach the client within write-timeout
+// of its first byte (statusRecorder): a client that stops reading cannot
+// hold a request slot, or the body encoded for it, for longer.
 //
 // Errors reach clients as Kubernetes Status objects, mapped in one place
 // (errors.go, kube.WriteStatus / kube.FromGRPC).
+//
+// In cluster mode (--upstream.kubeconfig; upstream.go, delegated.go) step 3
+// also asks the cluster (TokenReview), Impersonate-* headers are then
+// authorized by the cluster, every request but the reads of step 9 and
+// /metrics, /debug/pprof is forwarded to kube-apiserver as the caller
+// (skipping steps 4-9), and steps 5-6 ask the cluster (SubjectAccessReview)
+// instead of local RBAC.
 package frontdoor
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/url"
 	"strconv"
 	"strings"
@@ -47,13 +60,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
+	"herald.dev/libs/service"
+	"herald.dev/libs/storage"
 )
 
 type metrics struct {
@@ -64,7 +77,10 @@ type metrics struct {
 	rejected        *prometheus.CounterVec
 	authnFailures   *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
+	reloadOK        *prometheus.GaugeVec
+	writeTimeouts   prometheus.Counter
 	fanoutRetries   *prometheus.CounterVec
+	fanoutShed      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -78,7 +94,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected:        f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_rejected_requests_total", Help: "Requests refused with 429 by kind (readOnly, watch) and limit (total, per-user, fair-share)."}, []string{"request_kind", "limit"}),
 		authnFailures:   f.NewCounterVec(prometheus.CounterOpts{Name: "authentication_attempts_failed_total", Help: "Requests answered 401, by whether they carried credentials."}, []string{"credentials"}),
 		reloads:         f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_config_reloads_total", Help: "Reloads of changed files (certificate, tokens, client CA, keys, RBAC) by result."}, []string{"what", "result"}),
-		fanoutRetries:   f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_retries_total", Help: "Watches retried on another fanout replica, by the replica that failed."}, []string{"fanout"}),
+		reloadOK: f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_frontdoor_config_last_reload_successful",
+			Help: "0 while a changed file (certificate, tokens, client CA, keys, RBAC) fails to load and the last good one is served; 1 otherwise."}, []string{"what"}),
+		writeTimeouts: f.NewCounter(prometheus.CounterOpts{Name: "herald_frontdoor_response_write_timeouts_total",
+			Help: "Non-watch responses cut because the client did not read them within write-timeout."}),
+		fanoutRetries: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_retries_total", Help: "Watches retried on another fanout replica, by the replica that failed."}, []string{"fanout"}),
+		fanoutShed:    f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_rebalanced_watches_total", Help: "Watches ended (the client resumes) to move them off a fanout replica holding more than its share, by that replica."}, []string{"fanout"}),
 	}
 }
 
@@ -88,16 +109,20 @@ type Server struct {
 	log      *slog.Logger
 	reg      *kube.Registry
 	authn    *authenticator
-	rbac     *reloadable[policy] // nil: no manifests, only system:masters
-	cert     *reloadable[tls.Certificate]
+	cluster  *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
+	rbac     *service.Reloadable[policy] // nil: no manifests, only system:masters
+	cert     *service.Reloadable[tls.Certificate]
 	cache    heraldv1.CacheClient
-	tracer   trace.Tracer // nil: tracing off
+	codec    *storage.Codec      // protobuf and metadata encodings
+	neg      *storage.Negotiator // content negotiation
+	tracer   trace.Tracer        // nil: tracing off
 	disc     *discovery
 	m        *metrics
 	fanout   *fanoutPool
 	requests *limiter
 	watches  *limiter
 	checks   []func() bool
+	loaded   []reloadable
 	metricsH http.Handler
 	debugH   http.Handler
 }
@@ -112,47 +137,64 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if err != nil {
 		return nil, err
 	}
+	codec, err := storage.NewCodec(nil)
+	if err != nil {
+		return nil, err
+	}
 	m := newMetrics(promReg)
-	s := &Server{cfg: cfg, log: log, reg: reg, cache: cache, disc: newDiscovery(reg), m: m,
+	s := &Server{cfg: cfg, log: log, reg: reg, cache: cache, disc: newDiscovery(reg), m: m, codec: codec, neg: storage.NewNegotiator(),
 		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
 		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
-	watch := func(check func(*slog.Logger, *prometheus.CounterVec) bool) {
-		s.checks = append(s.checks, func() bool { return check(log, m.reloads) })
+	watch := func(r reloadable) {
+		s.loaded = append(s.loaded, r)
+		ok := m.reloadOK.WithLabelValues(r.Name())
+		ok.Set(1)
+		s.checks = append(s.checks, func() bool {
+			changed := r.Check(log, m.reloads)
+			if r.Err() != nil {
+				ok.Set(0)
+			} else {
+				ok.Set(1)
+			}
+			return changed
+		})
 	}
-	if s.cert, err = newReloadable("serving certificate", staticFiles(cfg.TLSCertFile, cfg.TLSKeyFile), func() (*tls.Certificate, error) {
-		c, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
-		return &c, err
-	}); err != nil {
+	if s.cert, err = service.LoadKeyPair("serving certificate", cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 		return nil, err
 	}
-	watch(s.cert.check)
-	a := &authenticator{anonymous: cfg.AnonymousAuth, now: time.Now, issuers: splitList(cfg.SAIssuers), audiences: splitList(cfg.APIAudiences)}
+	watch(s.cert)
+	a := &authenticator{anonymous: cfg.AnonymousAuth, now: time.Now, issuers: service.SplitList(cfg.SAIssuers), audiences: service.SplitList(cfg.APIAudiences)}
 	if len(a.audiences) == 0 {
 		a.audiences = a.issuers
 	}
 	if cfg.TokenFile != "" {
-		if a.tokens, err = newReloadable("token file", staticFiles(cfg.TokenFile), func() (*tokenFile, error) { return loadTokens(cfg.TokenFile) }); err != nil {
+		if a.tokens, err = service.NewReloadable("token file", service.StaticFiles(cfg.TokenFile), func() (*tokenFile, error) { return loadTokens(cfg.TokenFile) }); err != nil {
 			return nil, err
 		}
-		watch(a.tokens.check)
+		watch(a.tokens)
 	}
 	if cfg.ClientCAFile != "" {
-		if a.clientCAs, err = newReloadable("client CA", staticFiles(cfg.ClientCAFile), func() (*x509.CertPool, error) { return loadCertPool(cfg.ClientCAFile) }); err != nil {
+		if a.clientCAs, err = service.NewReloadable("client CA", service.StaticFiles(cfg.ClientCAFile), func() (*x509.CertPool, error) { return loadCertPool(cfg.ClientCAFile) }); err != nil {
 			return nil, err
 		}
-		watch(a.clientCAs.check)
+		watch(a.clientCAs)
 	}
-	if keys := splitList(cfg.SAKeyFiles); len(keys) > 0 {
-		if a.saKeys, err = newReloadable("service account keys", staticFiles(keys...), func() (*saKeySet, error) { return loadSAKeys(keys) }); err != nil {
+	if keys := service.SplitList(cfg.SAKeyFiles); len(keys) > 0 {
+		if a.saKeys, err = service.NewReloadable("service account keys", service.StaticFiles(keys...), func() (*saKeySet, error) { return loadSAKeys(keys) }); err != nil {
 			return nil, err
 		}
-		watch(a.saKeys.check)
+		watch(a.saKeys)
 	}
 	s.authn = a
+	if cfg.Upstream.enabled() {
+		if s.cluster, err = newCluster(cfg.Upstream, log); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.AuthorizationDir != "" {
 		files := manifestFiles(cfg.AuthorizationDir)
-		if s.rbac, err = newReloadable("rbac", files, func() (*policy, error) {
+		if s.rbac, err = service.NewReloadable("rbac", files, func() (*policy, error) {
 			paths, err := files()
 			if err != nil {
 				return nil, err
@@ -161,7 +203,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		}); err != nil {
 			return nil, err
 		}
-		watch(s.rbac.check)
+		watch(s.rbac)
 	}
 	if s.fanout, err = newFanoutPool(cfg, log, m); err != nil {
 		return nil, err
@@ -173,28 +215,43 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if gather != nil {
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
 	}
-	dbg := http.NewServeMux()
-	dbg.HandleFunc("/debug/pprof/", pprof.Index)
-	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	s.debugH = dbg
+	s.debugH = service.PprofHandler()
 	return s, nil
+}
+
+// reloadable is a file-backed value of the server (service.Reloadable).
+type reloadable interface {
+	Name() string
+	Check(*slog.Logger, *prometheus.CounterVec) bool
+	Err() error
+}
+
+// ConfigErrors reports the files that changed but failed to load (the last
+// good ones are served): a readiness detail, not a reason to stop serving.
+func (s *Server) ConfigErrors() error {
+	var errs []error
+	for _, r := range s.loaded {
+		if err := r.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: serving the last good one: %w", r.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Run reloads changed files until ctx ends.
 func (s *Server) Run(ctx context.Context) {
-	go s.fanout.resolve(ctx, max(s.cfg.FanoutResolve, 100*time.Millisecond))
-	watchFiles(ctx, s.cfg.ReloadInterval, s.checks...)
+	go s.fanout.run(ctx, max(s.cfg.FanoutResolve, 100*time.Millisecond))
+	if s.cluster != nil {
+		go s.cluster.up.healthCheck(ctx, s.cfg.Upstream.HealthInterval)
+	}
+	service.WatchFiles(ctx, s.cfg.ReloadInterval, s.checks...)
 }
 
 // HTTPServer is the public server: TLS 1.2+, HTTP/2 and HTTP/1.1, the
 // serving certificate reloaded when it changes, client certificates
 // requested (verified by the authenticator, so a bad one is a 401, not a
-// failed handshake), and the slow-client bounds. Requests' contexts derive
-// from base.
-func (s *Server) HTTPServer(base context.Context) *http.Server {
+// failed handshake), and the slow-client bounds.
+func (s *Server) HTTPServer() *http.Server {
 	tc := &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		NextProtos:     []string{"h2", "http/1.1"},
@@ -212,23 +269,36 @@ func (s *Server) HTTPServer(base context.Context) *http.Server {
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: s.cfg.HTTP2MaxStreams},
-		BaseContext:       func(net.Listener) context.Context { return base },
 		// Handshake failures of scanners and floods are not worth a line
 		// each at the default level.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 }
 
-// statusRecorder captures the response code for metrics and the audit log.
+// statusRecorder captures the response code for metrics and the audit log,
+// and bounds the time the response may take to write.
+//
+// The write deadline (writeTimeout, when not zero) is set on the first byte
+// of the response, per request (HTTP/1.1: the connection's, reset by
+// net/http after the request; HTTP/2: the stream's). A client that stops
+// reading then fails the handler's writes once it passes, so the handler
+// returns and releases its request slot and the response body; the
+// connection (HTTP/1.1) or the stream (HTTP/2) is reset. Watches clear
+// writeTimeout before anything is written: their slow clients are fanout's
+// to cut.
 type statusRecorder struct {
 	http.ResponseWriter
-	code int
+	code         int
+	writeTimeout time.Duration
+	deadline     time.Time // zero until the first byte
+	timedOut     bool      // a write failed past the deadline
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
 	if r.code == 0 {
 		r.code = code
 	}
+	r.armDeadline()
 	r.ResponseWriter.WriteHeader(code)
 }
 
@@ -236,7 +306,21 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 	if r.code == 0 {
 		r.code = http.StatusOK
 	}
-	return r.ResponseWriter.Write(b)
+	r.armDeadline()
+	n, err := r.ResponseWriter.Write(b)
+	if err != nil && !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
+		r.timedOut = true
+	}
+	return n, err
+}
+
+func (r *statusRecorder) armDeadline() {
+	if r.writeTimeout <= 0 || !r.deadline.IsZero() {
+		return
+	}
+	r.deadline = time.Now().Add(r.writeTimeout)
+	// Unsupported only by writers that are not a connection's (tests).
+	_ = http.NewResponseController(r.ResponseWriter).SetWriteDeadline(r.deadline)
 }
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
@@ -249,7 +333,7 @@ type auditEntry struct {
 // ServeHTTP serves one request; the package comment lists the steps.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &statusRecorder{ResponseWriter: w}
+	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
 	defer func() {
 		code := rec.code
@@ -266,6 +350,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"path", r.URL.Path, "code", code, "duration", time.Since(start).Round(time.Microsecond)}
 		if ae.authn != "" {
 			attrs = append(attrs, "authn", ae.authn)
+		}
+		if rec.timedOut {
+			s.m.writeTimeouts.Inc()
+			ae.reason = "client did not read the response within write-timeout"
 		}
 		if ae.reason != "" {
 			attrs = append(attrs, "reason", ae.reason)
@@ -285,7 +373,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Write([]byte("ok"))
 		return
 	}
-	u, err := s.authn.authenticate(r)
+	u, err := s.authenticate(r)
 	if err != nil {
 		ae.reason = err.Error()
 		creds := "invalid"
@@ -297,15 +385,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ae.user, ae.authn = u.Name, u.Method
+	if s.cluster != nil && s.clusterRoute(rec, r, &u, &ae) {
+		return // forwarded upstream, or impersonation refused
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		kube.WriteStatus(rec, apierrors.NewMethodNotSupported(schema.GroupResource{}, r.Method))
 		return
 	}
 	if h := s.nonResource(r.URL.Path); h != nil {
 		a := attributes{user: u, verb: "get", path: r.URL.Path}
-		if !s.allowed(a) {
+		if ok, why := s.allowed(r, a); !ok {
 			ae.reason = forbiddenReason(a)
-			kube.WriteStatus(rec, errForbidden(a))
+			kube.WriteStatus(rec, errForbidden(a, why))
 			return
 		}
 		release, ok := s.admit(rec, s.requests, "readOnly", u)
@@ -336,14 +427,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
 	a := attributes{user: u, verb: string(info.Verb), resourceRequest: true, group: info.Resource.Group,
 		resource: info.Resource.Plural, namespace: info.Namespace, name: info.Name}
-	if !s.allowed(a) {
+	if ok, why := s.allowed(r, a); !ok {
 		ae.reason = forbiddenReason(a)
-		kube.WriteStatus(rec, errForbidden(a))
+		kube.WriteStatus(rec, errForbidden(a, why))
+		return
+	}
+	// Content negotiation comes first, as in kube-apiserver's handlers.
+	n, err := s.negotiate(r, info)
+	if err != nil {
+		s.writeStatus(rec, r, err)
 		return
 	}
 	if info.Verb == kube.VerbWatch {
-		if err := validateWatch(info, q); err != nil {
-			kube.WriteStatus(rec, err)
+		rec.writeTimeout = 0 // nothing written yet; a watch is long-running
+		// Validated here, once, so that a bad request costs no connection
+		// to a replica; fanout gets the request as parsed.
+		wr, err := kube.ParseWatch(info, q)
+		if err != nil {
+			s.writeStatus(rec, r, err)
+			return
+		}
+		if err := s.negotiateWatch(r, info); err != nil {
+			s.writeStatus(rec, r, err)
 			return
 		}
 		release, ok := s.admit(rec, s.watches, "watch", u)
@@ -353,12 +458,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Inc()
 		defer s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Dec()
-		s.fanout.serve(rec, r, u)
+		s.fanout.serve(rec, r, u, wr)
 		return
 	}
 	req, err := listRequest(info, q)
 	if err != nil {
-		kube.WriteStatus(rec, err)
+		s.writeStatus(rec, r, err)
 		return
 	}
 	release, ok := s.admit(rec, s.requests, "readOnly", u)
@@ -369,7 +474,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	ctx = identityMetadata(ctx, u)
-	s.list(ctx, rec, r, info, req)
+	s.list(ctx, rec, r, info, req, n)
 }
 
 // nonResource returns the handler of an RBAC-guarded non-resource path.
@@ -383,11 +488,16 @@ func (s *Server) nonResource(path string) http.Handler {
 	return nil
 }
 
-func (s *Server) allowed(a attributes) bool {
-	if s.rbac == nil {
-		return a.user.inGroup(groupMasters)
+// allowed authorizes a; why is the authorizer's reason for a denial (the
+// cluster's, in cluster mode), which kube-apiserver appends to its 403.
+func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
+	if s.cluster != nil {
+		return s.cluster.authorize(r.Context(), a, r.URL.Query())
 	}
-	return s.rbac.Get().authorize(a)
+	if s.rbac == nil {
+		return a.user.inGroup(groupMasters), ""
+	}
+	return s.rbac.Get().authorize(a), ""
 }
 
 // admit takes a slot of l for u, or answers 429.
@@ -422,10 +532,11 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	var limit int64
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return nil, badRequest("limit must be a non-negative integer")
+		if err != nil {
+			return nil, badRequest("limit must be an integer")
 		}
-		limit = n
+		// kube-apiserver lists everything for a negative limit, as for none.
+		limit = max(n, 0)
 	}
 	if q.Get("sendInitialEvents") != "" {
 		return nil, kube.FromGRPC(statusInvalid("sendInitialEvents is forbidden for list"))
@@ -437,56 +548,16 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 		Limit: limit, Continue: q.Get("continue"),
 	}
 	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit); err != nil {
-		return nil, optionError(err)
+		return nil, kube.OptionError(err)
 	}
 	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
-		return nil, optionError(err)
+		return nil, kube.OptionError(err)
 	}
 	return req, nil
 }
 
-// validateWatch checks a watch's options as fanout will, so that a bad
-// request costs no connection to a replica.
-func validateWatch(info kube.RequestInfo, q url.Values) error {
-	fieldSel := q.Get("fieldSelector")
-	if info.Name != "" {
-		fs, err := fields.ParseSelector(fieldSel)
-		if err != nil {
-			return badRequest("invalid field selector: " + err.Error())
-		}
-		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
-	}
-	if _, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), fieldSel); err != nil {
-		return optionError(err)
-	}
-	var sendInitial *bool
-	if v := q.Get("sendInitialEvents"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return badRequest("sendInitialEvents must be true or false")
-		}
-		sendInitial = &b
-	}
-	bookmarks := false
-	if v := q.Get("allowWatchBookmarks"); v != "" {
-		var err error
-		if bookmarks, err = strconv.ParseBool(v); err != nil {
-			return badRequest("allowWatchBookmarks must be true or false")
-		}
-	}
-	if _, err := rv.PlanWatch(q.Get("resourceVersion"), q.Get("resourceVersionMatch"), sendInitial, bookmarks); err != nil {
-		return optionError(err)
-	}
-	if v := q.Get("timeoutSeconds"); v != "" {
-		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
-			return badRequest("timeoutSeconds must be a non-negative integer")
-		}
-	}
-	return nil
-}
-
 // list serves LIST and GET from the cache.
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest) {
+func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) {
 	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)
@@ -496,28 +567,20 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		if kube.StatusOf(apiErr).Code == http.StatusInternalServerError {
 			s.log.Error("cache LIST failed", "resource", info.Resource.ID(), "err", err)
 		}
-		kube.WriteStatus(w, apiErr)
+		s.writeStatus(w, r, apiErr)
 		return
 	}
 	if info.Name != "" && len(resp.Items) == 0 {
-		kube.WriteStatus(w, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
+		s.writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
 		return
 	}
-	table := kube.WantsTable(r.Header.Get("Accept"))
-	var body []byte
-	ct := "application/json"
-	switch {
-	case table:
-		ct = "application/json;as=Table;v=v1;g=meta.k8s.io"
-		lm := metav1.ListMeta{ResourceVersion: strconv.FormatInt(resp.Revision, 10), Continue: resp.Continue, RemainingItemCount: resp.RemainingItemCount}
-		if info.Name != "" {
-			lm = metav1.ListMeta{ResourceVersion: strconv.FormatInt(resp.Revision, 10)}
+	ct, body, err := s.body(info, resp, n, time.Now())
+	if err != nil {
+		if kube.StatusOf(err).Code == http.StatusInternalServerError {
+			s.log.Error("encoding a response failed", "resource", info.Resource.ID(), "err", err)
 		}
-		body = kube.Table(info.Resource, resp.Items, lm, true, time.Now())
-	case info.Name != "":
-		body = resp.Items[0]
-	default:
-		body = encodeList(info.Resource, resp)
+		s.writeStatus(w, r, err)
+		return
 	}
 	s.write(w, r, ct, body)
 }
@@ -551,20 +614,60 @@ func encodeList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.Write(it)
+		// An item as kube's JSON serializer ends it, with a newline, is
+		// embedded without it, and without its TypeMeta: kube-apiserver
+		// encodes the list, whose items carry no kind/apiVersion.
+		it = bytes.TrimSuffix(it, []byte("\n"))
+		if rest, ok := withoutTypeMeta(it); ok {
+			b.WriteByte('{')
+			b.Write(rest)
+		} else {
+			b.Write(it)
+		}
 	}
 	b.WriteString("]}")
 	return b.Bytes()
 }
 
+// withoutTypeMeta returns what follows the leading
+// `{"kind":"…","apiVersion":"…",` that kube's JSON serializer writes first in
+// an object (the object's other fields and its closing brace), so the cache's
+// bytes are shared (encoded once) between GET/watch, which keep TypeMeta, and
+// LIST items, which must not carry it. ok is false for anything else
+// (hand-written values in another order), which is embedded unchanged.
+func withoutTypeMeta(it []byte) (rest []byte, ok bool) {
+	rest, ok = bytes.CutPrefix(it, []byte(`{"kind":"`))
+	if !ok {
+		return nil, false
+	}
+	i := bytes.IndexByte(rest, '"')
+	if i < 0 {
+		return nil, false
+	}
+	rest, ok = bytes.CutPrefix(rest[i+1:], []byte(`,"apiVersion":"`))
+	if !ok {
+		return nil, false
+	}
+	i = bytes.IndexByte(rest, '"')
+	if i < 0 {
+		return nil, false
+	}
+	rest = rest[i+1:]
+	switch {
+	case len(rest) > 1 && rest[0] == ',':
+		return rest[1:], true
+	case len(rest) > 0 && rest[0] == '}':
+		return rest, true
+	}
+	return nil, false
+}
+
 func (s *Server) write(w http.ResponseWriter, r *http.Request, contentType string, body []byte) {
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Cache-Control", "no-cache, private")
-	if len(body) >= s.cfg.GzipMinBytes && acceptsGzip(r) {
-		w.Header().Set("Content-Encoding", "gzip")
-		w.Header().Add("Vary", "Accept-Encoding")
+	if len(body) >= s.cfg.GzipMinBytes && service.AcceptsGzip(r) {
+		gz := service.GzipResponse(w)
 		w.WriteHeader(http.StatusOK)
-		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 		gz.Write(body)
 		gz.Close()
 		return
@@ -574,15 +677,6 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, contentType strin
 	if r.Method != http.MethodHead {
 		w.Write(body)
 	}
-}
-
-func acceptsGzip(r *http.Request) bool {
-	for _, p := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
-		if enc, _, _ := strings.Cut(strings.TrimSpace(p), ";"); enc == "gzip" {
-			return true
-		}
-	}
-	return false
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -19,35 +19,30 @@ type Option func(*Server)
 
 // WithTracer makes frontdoor continue the trace of every sampled event it
 // proxies: it asks fanout for trace lines on the internal hop (see
-// hdrTraceLines), removes them from the stream, and records one short
-// "frontdoor.deliver" span per traced event, child of fanout's
+// service.TraceLinesHeader), removes them from the stream, and records one
+// short "frontdoor.deliver" span per traced event, child of fanout's
 // fanout.dispatch span and linked to the WATCH request's span. nil: no
 // tracing, and no trace lines requested.
 func WithTracer(t trace.Tracer) Option { return func(s *Server) { s.tracer = t } }
 
-// The internal-hop trace line protocol, shared with fanout (its
-// TraceLinesHeader and TraceLinePrefix): with the request header set to
-// "1", a fanout stream may carry lines "#herald:traceparent=<W3C
-// traceparent>\n" before an event's line. A JSON watch line never starts
-// with '#'.
-const (
-	hdrTraceLines   = "X-Herald-Trace-Lines"
-	traceLinePrefix = "herald:traceparent="
-	maxTraceLine    = 256
-)
+// maxTraceLine bounds what is kept of a line starting with '#' (a trace
+// line is about 75 bytes; see service.TraceLinePrefix).
+const maxTraceLine = 256
 
 // rewriteTrace asks for trace lines when tracing is on; a client's own
 // header never reaches fanout.
 func (p *fanoutPool) rewriteTrace(pr *httputil.ProxyRequest) {
-	pr.Out.Header.Del(hdrTraceLines)
+	pr.Out.Header.Del(service.TraceLinesHeader)
 	if p.tracer != nil {
-		pr.Out.Header.Set(hdrTraceLines, "1")
+		pr.Out.Header.Set(service.TraceLinesHeader, "1")
 	}
 }
 
 // traceResponse strips trace lines from a watch stream that may carry them.
 func (p *fanoutPool) traceResponse(resp *http.Response) {
-	if p.tracer == nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
+	// Only JSON streams carry trace lines: a protobuf one is left alone.
+	if p.tracer == nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" ||
+		!strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		return
 	}
 	resp.Body = &traceStripper{rc: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(resp.Request.Context()),
@@ -126,6 +121,7 @@ func (s *traceStripper) filter(b []byte) []byte {
 		}
 		if s.atStart && b[i] == '#' {
 			s.inMark, s.atStart = true, false
+			s.mark = append(s.mark, '#')
 			i++
 			continue
 		}
@@ -143,7 +139,7 @@ func (s *traceStripper) filter(b []byte) []byte {
 }
 
 func (s *traceStripper) startSpan(line string) {
-	tp, ok := strings.CutPrefix(line, traceLinePrefix)
+	tp, ok := service.ParseTraceLine(line)
 	if !ok {
 		return
 	}

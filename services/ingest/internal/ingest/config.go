@@ -8,17 +8,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
+	"herald.dev/libs/stream"
 )
 
 // Config is the whole configuration of an ingest process.
 type Config struct {
-	EtcdEndpoints    string
-	EtcdDialTimeout  time.Duration
-	Prefix           string
-	ResourcesFile    string
-	NATSURL          string
-	Stream           string
+	service.SourceConfig
+	service.AdminConfig
 	StreamReplicas   int
 	StreamMaxAge     time.Duration
 	StreamMaxBytes   int64
@@ -28,18 +25,12 @@ type Config struct {
 	LeaseTTL         time.Duration
 	ProgressInterval time.Duration
 	RetryBackoff     time.Duration
-	AdminAddr        string
 	FaultInjection   bool
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.EtcdEndpoints, "etcd.endpoints", "http://127.0.0.1:2379", "Comma-separated etcd client URLs.")
-	fs.DurationVar(&c.EtcdDialTimeout, "etcd.dial-timeout", 5*time.Second, "Timeout for connecting to etcd.")
-	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
-	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
-	fs.StringVar(&c.NATSURL, "nats.url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated.")
-	fs.StringVar(&c.Stream, "stream.name", "HERALD", "JetStream stream holding the event history.")
+	c.SourceConfig.RegisterFlags(fs, "")
 	fs.IntVar(&c.StreamReplicas, "stream.replicas", 1, "Stream replicas (1, 3 or 5).")
 	fs.DurationVar(&c.StreamMaxAge, "stream.max-age", 24*time.Hour, "How long the stream keeps history (the durable resume window); 0 for no limit.")
 	fs.Int64Var(&c.StreamMaxBytes, "stream.max-bytes", 8<<30, "Maximum stream size in bytes; -1 for no limit.")
@@ -49,16 +40,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "election.lease-ttl", 5*time.Second, "Leader lease TTL; a dead leader is replaced after at most this long.")
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", time.Second, "How often an idle leader asks etcd for progress and publishes a progress marker if the revision moved.")
 	fs.DurationVar(&c.RetryBackoff, "retry-backoff", 500*time.Millisecond, "Initial backoff after an etcd or NATS failure (doubles up to 10s).")
-	fs.StringVar(&c.AdminAddr, "admin.addr", "127.0.0.1:9090", "Address of the admin server (/livez, /readyz, /metrics).")
+	c.AdminConfig.RegisterFlags(fs, "127.0.0.1:9090", "")
 	fs.BoolVar(&c.FaultInjection, "debug.fault-injection", false, "Serve /debug/fault/pause-publish and /debug/fault/resume-publish on the admin port (tests only).")
 }
 
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
-	var errs []error
-	if len(c.Endpoints()) == 0 {
-		errs = append(errs, errors.New("etcd.endpoints is empty"))
-	}
+	errs := []error{c.SourceConfig.Validate()}
 	if !strings.HasPrefix(c.Prefix, "/") {
 		errs = append(errs, errors.New("prefix must start with /"))
 	}
@@ -85,17 +73,6 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Endpoints splits EtcdEndpoints.
-func (c *Config) Endpoints() []string {
-	var out []string
-	for _, e := range strings.Split(c.EtcdEndpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // StreamConfig is the JetStream stream ingest creates or updates.
 func (c *Config) StreamConfig() jetstream.StreamConfig {
 	storage := jetstream.FileStorage
@@ -105,7 +82,7 @@ func (c *Config) StreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        c.Stream,
 		Description: "Herald: etcd revisions under " + c.Prefix + ", in order, once each",
-		Subjects:    []string{kube.SubjectRoot + ".>", kube.SubjectProgress},
+		Subjects:    stream.Subjects(),
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      c.StreamMaxAge,

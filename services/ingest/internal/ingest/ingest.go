@@ -7,15 +7,21 @@
 //     fails instead of interleaving.
 //   - Revisions are appended in etcd's order, each exactly once; a restart
 //     resumes after the last revision the stream holds (or inside it, for a
-//     revision split into parts).
+//     revision split into parts). A stream that was appended to but holds
+//     nothing (aged out, purged) has lost that revision: the new term starts
+//     with a resync marker, never a progress marker that would hide the
+//     changes nobody appended.
+//   - No change is dropped or truncated for its size: one larger than a
+//     stream message is framed in fragments (libs/stream).
 //   - Nothing is buffered beyond the revision being published: when NATS is
 //     slow or down, ingest stops reading the etcd watch.
+//
+// The stream's rules (subjects, framing into parts, message ids, markers,
+// where to resume) are libs/stream's; ingest decides when to append.
 package ingest
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,11 +38,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
+	"herald.dev/libs/stream"
 )
 
 type metrics struct {
@@ -46,8 +52,7 @@ type metrics struct {
 	lastRev       prometheus.Gauge
 	etcdRev       prometheus.Gauge
 	leader        prometheus.Gauge
-	invalid       prometheus.Counter
-	oversized     prometheus.Counter
+	fragmented    prometheus.Counter
 	failures      *prometheus.CounterVec
 	leaderChanges prometheus.Counter
 	lag           prometheus.Gauge
@@ -63,12 +68,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lastRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_last_published_revision", Help: "The last etcd revision appended to the stream (events or progress)."}),
 		etcdRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_etcd_revision", Help: "The latest etcd revision seen in a watch response header."}),
 		leader:        f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_leader", Help: "1 while this process is the publishing leader."}),
-		invalid:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_invalid_values_total", Help: "Values under the prefix that are not JSON objects (appended as they are; caches skip them)."}),
-		oversized:     f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_oversized_changes_total", Help: "Changes larger than stream.max-message-bytes, appended without their value (caches skip them)."}),
+		fragmented:    f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_fragmented_changes_total", Help: "Changes larger than one stream message (stream.max-message-bytes), appended in fragments over several parts."}),
 		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted)."}, []string{"cause"}),
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
-		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume revision was compacted."}),
+		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, or the stream emptied)."}),
 	}
 }
 
@@ -130,10 +134,14 @@ func (i *Ingest) Ready() error {
 // Run connects to etcd and NATS and then campaigns, leads and campaigns
 // again until ctx ends.
 func (i *Ingest) Run(ctx context.Context) error {
-	var err error
+	etcdTLS, natsTLS, natsUser, err := i.cfg.Security(i.log)
+	if err != nil {
+		return err
+	}
 	i.etcd, err = clientv3.New(clientv3.Config{
 		Endpoints:   i.cfg.Endpoints(),
 		DialTimeout: i.cfg.EtcdDialTimeout,
+		TLS:         etcdTLS,
 		Context:     ctx,
 		Logger:      nil,
 		// One message per revision: fixed windows spare a flow-control
@@ -144,20 +152,11 @@ func (i *Ingest) Run(ctx context.Context) error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer i.etcd.Close()
-	i.nc, err = nats.Connect(i.cfg.NATSURL,
-		nats.Name("herald-ingest "+i.id),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(200*time.Millisecond),
-	)
+	i.nc, i.js, err = stream.Connect(i.cfg.NATSURL, "herald-ingest "+i.id, natsTLS, natsUser)
 	if err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return err
 	}
 	defer i.nc.Close()
-	i.js, err = jetstream.New(i.nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 
 	backoff := i.cfg.RetryBackoff
 	for ctx.Err() == nil {
@@ -235,28 +234,16 @@ func (i *Ingest) term(ctx context.Context) error {
 }
 
 // resumePoint reads the stream's last message: the sequence the next append
-// must follow and the revision (and part) to resume from.
+// must follow and the revision (and part) to resume from. startRev is 0 when
+// the stream holds no message: a new stream when lastSeq is 0, otherwise an
+// emptied one (aged out, purged) whose resume point is lost.
 func (i *Ingest) resumePoint(ctx context.Context) (lastSeq uint64, startRev int64, skipParts uint32, err error) {
-	info, err := i.stream.Info(ctx)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("stream info: %w", err)
+	lastSeq, last, err := stream.Last(ctx, i.stream)
+	if err != nil || last == nil {
+		return lastSeq, 0, 0, err
 	}
-	lastSeq = info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return lastSeq, 0, 0, nil
-	}
-	msg, err := i.stream.GetMsg(ctx, lastSeq)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("reading stream message %d: %w", lastSeq, err)
-	}
-	var rec heraldv1.Record
-	if err := proto.Unmarshal(msg.Data, &rec); err != nil {
-		return 0, 0, 0, fmt.Errorf("stream message %d is not a record: %w", lastSeq, err)
-	}
-	if !rec.Progress && !rec.Resync && rec.Part+1 < rec.Parts {
-		return lastSeq, rec.Revision, rec.Part + 1, nil
-	}
-	return lastSeq, rec.Revision + 1, 0, nil
+	startRev, skipParts = stream.Next(last)
+	return lastSeq, startRev, skipParts, nil
 }
 
 // publisher appends records, fencing each on the sequence it expects.
@@ -268,12 +255,14 @@ type publisher struct {
 
 var errFenced = errors.New("stream was appended to by another writer")
 
-func (p *publisher) publish(ctx context.Context, subject, msgID string, rec *heraldv1.Record) error {
-	return p.publishMsg(ctx, subject, msgID, rec, nil)
+// publishMarker appends a progress or resync marker.
+func (p *publisher) publishMarker(ctx context.Context, rec *heraldv1.Record) error {
+	return p.publish(ctx, stream.SubjectProgress, rec, nil)
 }
 
-// publishMsg appends rec with the message headers hdr (trace context).
-func (p *publisher) publishMsg(ctx context.Context, subject, msgID string, rec *heraldv1.Record, hdr nats.Header) error {
+// publish appends rec on subject with the message headers hdr (trace
+// context).
+func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.Record, hdr nats.Header) error {
 	if ch := p.i.pause.Load(); ch != nil {
 		// Frozen in the middle of an append (fault injection): like a
 		// process stopped by a long GC pause, it carries on with the append
@@ -284,10 +273,11 @@ func (p *publisher) publishMsg(ctx context.Context, subject, msgID string, rec *
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 	}
-	data, err := proto.Marshal(rec)
+	data, err := stream.Encode(rec)
 	if err != nil {
 		return err
 	}
+	msgID := stream.MsgID(rec)
 	start := time.Now()
 	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
 		jetstream.WithMsgID(msgID),
@@ -311,7 +301,7 @@ func (p *publisher) publishMsg(ctx context.Context, subject, msgID string, rec *
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
 	p.i.m.lastRev.Set(float64(rec.Revision))
-	if rec.Progress || rec.Resync {
+	if stream.IsMarker(rec) {
 		p.i.m.records.WithLabelValues("progress").Inc()
 	} else {
 		p.i.m.records.WithLabelValues("revision").Inc()
@@ -332,21 +322,33 @@ func (i *Ingest) lead(ctx context.Context) error {
 	if startRev == 0 {
 		// An empty stream: history starts now. Mark the start so that
 		// caches know from which revision the stream is complete.
-		resp, err := i.etcd.Get(ctx, i.cfg.ElectionPrefix+"/rev-probe")
+		rev, err := stream.CurrentRevision(ctx, i.etcd)
 		if err != nil {
 			i.m.failures.WithLabelValues("etcd").Inc()
-			return fmt.Errorf("reading etcd revision: %w", err)
-		}
-		rev := resp.Header.Revision
-		if err := p.publish(ctx, kube.SubjectProgress, "p"+strconv.FormatInt(rev, 10), &heraldv1.Record{Revision: rev, Progress: true, Parts: 1}); err != nil {
 			return err
+		}
+		marker := stream.Progress(rev)
+		if lastSeq > 0 {
+			// Emptied (aged out, purged): what was appended last, and so
+			// where to resume, is lost, and so may be changes caches never
+			// saw. A progress marker would move their heads past them; a
+			// resync marker makes them rebuild from etcd, and watchers
+			// older than it get 410.
+			marker = stream.Resync(rev)
+			i.log.Warn("the stream is empty but was appended to; appending a resync marker", "lastSequence", lastSeq, "resyncRevision", rev)
+		}
+		if err := p.publishMarker(ctx, marker); err != nil {
+			return err
+		}
+		if marker.Resync {
+			i.m.resyncs.Inc()
 		}
 		startRev = rev + 1
 	}
 	i.log.Info("resuming from the stream", "revision", startRev, "skipParts", skipParts, "lastSequence", p.lastSeq)
 
 	progressReq := make(chan struct{}, 1)
-	sub, err := i.nc.Subscribe(kube.SubjectProgressRequest, func(*nats.Msg) {
+	sub, err := i.nc.Subscribe(stream.SubjectProgressRequest, func(*nats.Msg) {
 		select {
 		case progressReq <- struct{}{}:
 		default:
@@ -402,7 +404,7 @@ func (i *Ingest) lead(ctx context.Context) error {
 			if resp.IsProgressNotify() {
 				rev := resp.Header.Revision
 				if rev > lastProgress && rev >= p.lastRev {
-					if err := p.publish(ctx, kube.SubjectProgress, "p"+strconv.FormatInt(rev, 10), &heraldv1.Record{Revision: rev, Progress: true, Parts: 1}); err != nil {
+					if err := p.publishMarker(ctx, stream.Progress(rev)); err != nil {
 						return err
 					}
 					lastProgress = rev
@@ -421,14 +423,13 @@ func (i *Ingest) lead(ctx context.Context) error {
 // marker at etcd's current revision (consumers rebuild from an etcd snapshot
 // at or after it) and the next term resumes right after it.
 func (i *Ingest) resync(ctx context.Context, p *publisher, compacted int64) error {
-	resp, err := i.etcd.Get(ctx, i.cfg.ElectionPrefix+"/rev-probe")
+	rev, err := stream.CurrentRevision(ctx, i.etcd)
 	if err != nil {
 		i.m.failures.WithLabelValues("etcd").Inc()
-		return fmt.Errorf("reading etcd revision for a resync: %w", err)
+		return fmt.Errorf("resync: %w", err)
 	}
-	rev := resp.Header.Revision
 	i.log.Warn("resume revision was compacted; appending a resync marker", "resumeAfter", p.lastRev, "compactRevision", compacted, "resyncRevision", rev)
-	if err := p.publish(ctx, kube.SubjectProgress, "r"+strconv.FormatInt(rev, 10), &heraldv1.Record{Revision: rev, Resync: true, Parts: 1}); err != nil {
+	if err := p.publishMarker(ctx, stream.Resync(rev)); err != nil {
 		return err
 	}
 	i.m.resyncs.Inc()
@@ -449,29 +450,16 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 			end++
 		}
 		changes := make([]*heraldv1.Change, 0, end-start)
-		subject := ""
 		for _, ev := range events[start:end] {
-			c := i.change(ev)
-			changes = append(changes, c)
-			s := kube.SubjectOther
-			if r, ns, _, ok := i.reg.ParseKey(c.Key); ok {
-				s = r.Subject(ns)
-			}
-			switch subject {
-			case "", s:
-				subject = s
-			default:
-				subject = kube.SubjectMulti
-			}
+			changes = append(changes, i.change(ev))
 		}
-		parts := i.split(changes)
+		subject := stream.SubjectOf(i.reg, changes)
 		sctx, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, len(changes))
-		for n, part := range parts {
-			if rev == resumeRev && uint32(n) < skipParts {
+		for _, rec := range stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now) {
+			if rev == resumeRev && rec.Part < skipParts {
 				continue
 			}
-			rec := &heraldv1.Record{Revision: rev, Changes: part, Part: uint32(n), Parts: uint32(len(parts)), ObservedUnixNano: now}
-			if err := p.publishMsg(sctx, subject, strconv.FormatInt(rev, 10)+"."+strconv.Itoa(n), rec, hdr); err != nil {
+			if err := p.publish(sctx, subject, rec, hdr); err != nil {
 				spanDone(err)
 				return err
 			}
@@ -493,42 +481,18 @@ func (i *Ingest) change(ev *clientv3.Event) *heraldv1.Change {
 	} else {
 		c.Kind = heraldv1.Change_PUT
 		c.Value = ev.Kv.Value
+		// The value as etcd holds it (protobuf, JSON, still encrypted if
+		// encrypted): only caches decode values, and skip what they
+		// cannot.
 		c.CreateRevision = ev.Kv.CreateRevision
-		if _, _, _, ok := i.reg.ParseKey(key); ok && !isJSONObject(c.Value) {
-			i.m.invalid.Inc()
-			i.log.Debug("value is not a JSON object; caches will skip it", "key", key, "revision", ev.Kv.ModRevision)
-		}
 	}
 	if size := len(c.Value) + len(c.PrevValue) + len(c.Key) + 64; size > i.cfg.MaxMessageBytes {
-		i.m.oversized.Inc()
-		i.log.Error("change exceeds the largest stream message; appended without its value", "key", key, "revision", ev.Kv.ModRevision, "bytes", size)
-		c.Value, c.PrevValue = nil, nil
+		// Framed in fragments over several parts (libs/stream's Frame):
+		// delivered whole, never dropped for its size.
+		i.m.fragmented.Inc()
+		i.log.Debug("change exceeds one stream message; appended in fragments", "key", key, "revision", ev.Kv.ModRevision, "bytes", size)
 	}
 	return c
-}
-
-// isJSONObject reports whether b is one valid JSON object. It validates
-// without decoding: ingest only counts bad values, caches parse them.
-func isJSONObject(b []byte) bool {
-	b = bytes.TrimLeft(b, " \t\r\n")
-	return len(b) > 0 && b[0] == '{' && json.Valid(b)
-}
-
-// split groups changes into parts that each fit in one message.
-func (i *Ingest) split(changes []*heraldv1.Change) [][]*heraldv1.Change {
-	var parts [][]*heraldv1.Change
-	var cur []*heraldv1.Change
-	size := 0
-	for _, c := range changes {
-		cs := proto.Size(c) + 8
-		if len(cur) > 0 && size+cs > i.cfg.MaxMessageBytes-256 {
-			parts = append(parts, cur)
-			cur, size = nil, 0
-		}
-		cur = append(cur, c)
-		size += cs
-	}
-	return append(parts, cur)
 }
 
 // FaultHandlers are the fault-injection endpoints (tests only):

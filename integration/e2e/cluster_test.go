@@ -1,0 +1,582 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"herald.dev/integration/stack"
+)
+
+// Cluster mode (issue 15): a real kube-apiserver v1.37.2 (authorization
+// Node,RBAC) on the stack's etcd, Herald's frontdoor in front of it with
+// --upstream.kubeconfig, and every client pointed at Herald only. Herald's
+// own access to the cluster is exactly the ClusterRole of
+// deploy/k8s/overlays/cluster (applied by the operator, here directly to
+// kube-apiserver, before anything points at Herald). kube-apiserver is
+// asked directly only to compare answers ("as kube-apiserver does").
+
+// Identities in kube-apiserver's token file. Herald knows none of them but
+// the stack's admin token: they are authenticated by TokenReview.
+const (
+	tokHerald = "herald-upstream-token" // Herald's own (user herald)
+	tokAlice  = "alice-token"           // a Role in namespace demo
+	tokNode1  = "node-1-token"          // system:node:node-1
+)
+
+// kubeAPIServerBinary is kube-apiserver v1.37.2, built once and cached
+// (stack.KubeAPIServerBinary; minutes the first time on a machine).
+func kubeAPIServerBinary(t *testing.T) string {
+	bin, err := stack.KubeAPIServerBinary(tlog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// tlog writes build progress lines to the test log.
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(b []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// clusterEnv is the stack in cluster mode.
+type clusterEnv struct {
+	*env
+	kubeURL   string
+	dir       string
+	stopKube  func()
+	kubectl   string
+	heraldCfg map[string]string // user -> kubeconfig through Herald
+	kubeCfg   map[string]string // user -> kubeconfig straight to kube-apiserver
+}
+
+func startCluster(t *testing.T) *clusterEnv {
+	t.Helper()
+	kubectl := kubectlPath(t)
+	bin := kubeAPIServerBinary(t)
+	e := startStack(t, stack.Options{})
+	ctx := testContext(t, 4*time.Minute)
+	dir := t.TempDir()
+	c := &clusterEnv{env: e, dir: dir, kubectl: kubectl, heraldCfg: map[string]string{}, kubeCfg: map[string]string{}}
+
+	tokens := filepath.Join(dir, "tokens.csv")
+	os.WriteFile(tokens, []byte(fmt.Sprintf("%s,herald-admin,herald-admin,\"system:masters\"\n%s,herald,herald-uid\n%s,alice,alice-uid\n%s,system:node:node-1,node-1-uid,\"system:nodes\"\n",
+		e.Token, tokHerald, tokAlice, tokNode1)), 0o600)
+	addr := freePort(t)
+	_, port, _ := net.SplitHostPort(addr)
+	logf, _ := os.Create(filepath.Join(dir, "kube-apiserver.log"))
+	cmd := exec.Command(bin,
+		"--etcd-servers="+e.EtcdEndpoint,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+port,
+		"--tls-cert-file="+e.PKI.CertFile, "--tls-private-key-file="+e.PKI.KeyFile, "--cert-dir="+filepath.Join(dir, "certs"),
+		"--client-ca-file="+e.PKI.CAFile,
+		"--token-auth-file="+tokens, "--anonymous-auth=false",
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+e.PKI.KeyFile, "--service-account-signing-key-file="+e.PKI.KeyFile,
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--endpoint-reconciler-type=none",
+		"--v=0",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	c.stopKube = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	t.Cleanup(func() {
+		c.stopKube()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kube-apiserver log (tail):\n%s", tail(string(b), 40))
+		}
+	})
+	c.kubeURL = "https://" + addr
+	for {
+		if code, _ := c.call(ctx, c.kubeURL, e.Token, http.MethodGet, "/readyz", ""); code == http.StatusOK {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatal("kube-apiserver exited before becoming ready")
+		case <-ctx.Done():
+			t.Fatal("kube-apiserver not ready")
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+
+	for user, tok := range map[string]string{"admin": e.Token, "alice": tokAlice, "node-1": tokNode1, "herald": tokHerald} {
+		c.kubeCfg[user] = c.writeKubeconfig(user+"-direct", c.kubeURL, tok)
+		c.heraldCfg[user] = c.writeKubeconfig(user+"-herald", e.FrontdoorURL, tok)
+	}
+	// The operator grants Herald what deploy/k8s/overlays/cluster grants it,
+	// then points frontdoor at the cluster.
+	root, _ := stack.RepoRoot()
+	c.kubectlAs(t, ctx, c.kubeCfg["admin"], "apply", "-f", filepath.Join(root, "deploy/k8s/overlays/cluster/upstream-rbac.yaml"))
+	c.kubectlAs(t, ctx, c.kubeCfg["admin"], "create", "clusterrolebinding", "herald-test-upstream", "--clusterrole=herald-upstream", "--user=herald")
+	fd := e.Proc("frontdoor-0")
+	fd.Args = append(fd.Args, "--upstream.kubeconfig="+c.kubeCfg["herald"], "--client-ca-file="+e.PKI.CAFile)
+	if err := fd.Restart(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := fd.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (c *clusterEnv) writeKubeconfig(name, server, token string) string {
+	p := filepath.Join(c.dir, name+".kubeconfig")
+	os.WriteFile(p, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: %q, certificate-authority: %q}
+users:
+- name: u
+  user: {token: %q}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+`, server, c.PKI.CAFile, token)), 0o600)
+	return p
+}
+
+// kubectlAs runs kubectl with kubeconfig and fails the test on an error.
+func (c *clusterEnv) kubectlAs(t *testing.T, ctx context.Context, kubeconfig string, args ...string) string {
+	t.Helper()
+	out, err := c.kubectlTry(ctx, kubeconfig, args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (c *clusterEnv) kubectlTry(ctx context.Context, kubeconfig string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, c.kubectl, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(c.dir, "kubectl-cache", filepath.Base(kubeconfig))}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// call sends one request with a bearer token and returns the code and body.
+func (c *clusterEnv) call(ctx context.Context, base, token, method, path, body string) (int, string) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.PKI.CAPEM)
+	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 30 * time.Second}
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, base+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if method == http.MethodPatch {
+		req.Header.Set("Content-Type", "application/merge-patch+json")
+	} else if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// status is a Status body's code, reason and message.
+func statusLine(body string) string {
+	var st objMeta
+	if json.Unmarshal([]byte(body), &st) != nil || st.Kind != "Status" {
+		return ""
+	}
+	return fmt.Sprintf("%d %s: %s", st.Code, st.Reason, st.Message)
+}
+
+const demoManifests = `
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: other}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: demo, labels: {app: web}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: web, image: registry.k8s.io/pause:3.10}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: demo}
+data: {color: blue}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: configmaps, namespace: demo}
+rules:
+- {apiGroups: [""], resources: [configmaps], verbs: [get, list, watch, create, update, patch, delete]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-configmaps, namespace: demo}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: configmaps}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
+`
+
+// TestClusterMode: Herald as a drop-in front for kube-apiserver.
+func TestClusterMode(t *testing.T) {
+	c := startCluster(t)
+	ctx := testContext(t, 5*time.Minute)
+	admin := c.heraldCfg["admin"]
+	manifests := filepath.Join(c.dir, "demo.yaml")
+	os.WriteFile(manifests, []byte(demoManifests), 0o600)
+
+	// Writes pass through as the caller; kube-apiserver stores them.
+	t.Run("apply", func(t *testing.T) {
+		out := c.kubectlAs(t, ctx, admin, "apply", "-f", manifests)
+		for _, want := range []string{"deployment.apps/web created", "service/web created", "configmap/settings created", "rolebinding.rbac.authorization.k8s.io/alice-configmaps created"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("apply: no %q in\n%s", want, out)
+			}
+		}
+		if code, body := c.call(ctx, c.kubeURL, c.Token, http.MethodGet, "/api/v1/namespaces/demo/configmaps/settings", ""); code != 200 || !strings.Contains(body, `"color":"blue"`) {
+			t.Errorf("kube-apiserver does not hold the ConfigMap applied through Herald: %d %s", code, body)
+		}
+	})
+	// Applying again reads the objects (from Herald's cache) and finds
+	// nothing to change.
+	t.Run("apply-again", func(t *testing.T) {
+		out := c.kubectlAs(t, ctx, admin, "apply", "-f", manifests)
+		if !strings.Contains(out, "configmap/settings unchanged") {
+			t.Errorf("second apply:\n%s", out)
+		}
+	})
+
+	t.Run("patch-scale-label-delete", func(t *testing.T) {
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "patch", "configmap", "settings", "--type=merge", "-p", `{"data":{"size":"xl"}}`)
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "scale", "deployment", "web", "--replicas=3")
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "label", "service", "web", "tier=front")
+		_, body := c.call(ctx, c.kubeURL, c.Token, http.MethodGet, "/apis/apps/v1/namespaces/demo/deployments/web", "")
+		if !strings.Contains(body, `"replicas":3`) {
+			t.Errorf("scale did not reach kube-apiserver: %s", clip(body))
+		}
+		if out := c.kubectlAs(t, ctx, admin, "-n", "demo", "get", "deployment", "web", "-o", "jsonpath={.spec.replicas}"); out != "3" {
+			t.Errorf("Herald serves replicas %q after the scale, want 3", out)
+		}
+		if out := c.kubectlAs(t, ctx, admin, "-n", "demo", "get", "service", "web", "-o", "jsonpath={.metadata.labels.tier}"); out != "front" {
+			t.Errorf("Herald serves label tier=%q after the label, want front", out)
+		}
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "create", "configmap", "doomed", "--from-literal=a=b")
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "delete", "configmap", "doomed")
+		if code, _ := c.call(ctx, c.kubeURL, c.Token, http.MethodGet, "/api/v1/namespaces/demo/configmaps/doomed", ""); code != 404 {
+			t.Errorf("deleted ConfigMap: kube-apiserver answers %d", code)
+		}
+	})
+
+	// A client that writes through Herald and reads back without a
+	// resourceVersion sees its write.
+	t.Run("read-your-writes", func(t *testing.T) {
+		for i := range 5 {
+			name := fmt.Sprintf("ryw-%d", i)
+			code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/configmaps",
+				fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q},"data":{"i":"%d"}}`, name, i))
+			if code != http.StatusCreated {
+				t.Fatalf("create %s: %d %s", name, code, body)
+			}
+			var created objMeta
+			json.Unmarshal([]byte(body), &created)
+			code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodGet, "/api/v1/namespaces/demo/configmaps/"+name, "")
+			var got objMeta
+			json.Unmarshal([]byte(body), &got)
+			if code != 200 || got.Metadata.ResourceVersion != created.Metadata.ResourceVersion {
+				t.Errorf("GET right after create: %d rv %q, want 200 rv %q: %s", code, got.Metadata.ResourceVersion, created.Metadata.ResourceVersion, clip(body))
+			}
+			code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodGet, "/api/v1/namespaces/demo/configmaps", "")
+			if code != 200 || !strings.Contains(body, `"name":"`+name+`"`) {
+				t.Errorf("LIST right after create misses %s: %d %s", name, code, clip(body))
+			}
+		}
+	})
+
+	// kubectl's discovery, can-i and explain answer as kube-apiserver's.
+	t.Run("discovery-can-i-explain", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"api-resources"},
+			{"api-versions"},
+			{"explain", "deployment.spec.replicas"},
+			{"auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"},
+		} {
+			direct := c.kubectlAs(t, ctx, c.kubeCfg["alice"], args...)
+			via := c.kubectlAs(t, ctx, c.heraldCfg["alice"], args...)
+			if direct != via {
+				t.Errorf("kubectl %s: Herald\n%s\nkube-apiserver\n%s", strings.Join(args, " "), clip(via), clip(direct))
+			}
+		}
+		for _, q := range [][]string{
+			{"list", "configmaps", "-n", "demo"}, {"list", "configmaps", "-n", "other"}, {"create", "configmaps", "-n", "demo"},
+			{"list", "secrets", "-n", "demo"}, {"list", "configmaps", "-A"}, {"--list", "-n", "demo"},
+		} {
+			args := append([]string{"auth", "can-i"}, q...)
+			direct, _ := c.kubectlTry(ctx, c.kubeCfg["alice"], args...)
+			via, _ := c.kubectlTry(ctx, c.heraldCfg["alice"], args...)
+			if direct != via {
+				t.Errorf("kubectl %s: Herald %q, kube-apiserver %q", strings.Join(args, " "), via, direct)
+			}
+		}
+	})
+
+	// A user with a namespaced Role gets 403 from Herald exactly where
+	// kube-apiserver gives it, reads (served by Herald) and writes alike.
+	t.Run("namespaced-role", func(t *testing.T) {
+		cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"alice-%s"}}`
+		for _, r := range []struct{ method, path, body string }{
+			{http.MethodGet, "/api/v1/namespaces/demo/configmaps", ""},
+			{http.MethodGet, "/api/v1/namespaces/demo/configmaps/settings", ""},
+			{http.MethodGet, "/api/v1/namespaces/other/configmaps", ""},
+			{http.MethodGet, "/api/v1/configmaps", ""},
+			{http.MethodGet, "/api/v1/namespaces/demo/secrets", ""},
+			{http.MethodGet, "/api/v1/namespaces/demo/pods", ""},
+			{http.MethodGet, "/api/v1/namespaces/demo/configmaps?watch=true&timeoutSeconds=1", ""},
+			{http.MethodGet, "/api/v1/configmaps?watch=true&timeoutSeconds=1", ""},
+			{http.MethodPost, "/api/v1/namespaces/other/configmaps", fmt.Sprintf(cm, "other")},
+			{http.MethodDelete, "/api/v1/namespaces/other/configmaps/x", ""},
+			{http.MethodGet, "/apis/apps/v1/namespaces/demo/deployments/web/scale", ""},
+		} {
+			kc, kb := c.call(ctx, c.kubeURL, tokAlice, r.method, r.path, r.body)
+			hc, hb := c.call(ctx, c.FrontdoorURL, tokAlice, r.method, r.path, r.body)
+			if kc != hc || (kc == http.StatusForbidden && statusLine(kb) != statusLine(hb)) {
+				t.Errorf("alice %s %s: Herald %d %s, kube-apiserver %d %s", r.method, r.path, hc, statusLine(hb), kc, statusLine(kb))
+			}
+		}
+	})
+
+	// kubectl --as: the impersonation is the cluster's to authorize.
+	t.Run("as", func(t *testing.T) {
+		if out := c.kubectlAs(t, ctx, admin, "--as", "alice", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); out != "alice" {
+			t.Errorf("admin --as alice: whoami %q", out)
+		}
+		for _, kc := range []string{c.kubeCfg["admin"], admin} {
+			out, err := c.kubectlTry(ctx, kc, "--as", "alice", "-n", "other", "get", "configmaps")
+			if err == nil || !strings.Contains(out, `User "alice" cannot list resource "configmaps"`) {
+				t.Errorf("admin --as alice lists configmaps in other (%s): %v %s", kc, err, out)
+			}
+		}
+		if out := c.kubectlAs(t, ctx, admin, "--as", "alice", "-n", "demo", "get", "configmap", "settings", "-o", "jsonpath={.data.color}"); out != "blue" {
+			t.Errorf("admin --as alice reads settings: %q", out)
+		}
+		out, err := c.kubectlTry(ctx, c.heraldCfg["alice"], "--as", "herald-admin", "-n", "demo", "get", "configmaps")
+		if err == nil || !strings.Contains(out, `cannot impersonate resource "users"`) {
+			t.Errorf("alice --as herald-admin (not allowed to impersonate): %v %s", err, out)
+		}
+		out, err = c.kubectlTry(ctx, c.heraldCfg["alice"], "--as", "herald-admin", "-n", "demo", "create", "configmap", "escalated")
+		if err == nil || !strings.Contains(out, `cannot impersonate resource "users"`) {
+			t.Errorf("alice --as herald-admin writes: %v %s", err, out)
+		}
+	})
+
+	// An RBAC change made through Herald takes effect, for the reads Herald
+	// serves, within the authorization cache's TTL (10 s by default).
+	t.Run("rbac-change", func(t *testing.T) {
+		const path = "/api/v1/namespaces/demo/pods"
+		if code, body := c.call(ctx, c.FrontdoorURL, tokAlice, http.MethodGet, path, ""); code != http.StatusForbidden {
+			t.Fatalf("alice lists pods before the grant: %d %s", code, clip(body))
+		}
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "create", "role", "pods", "--verb=list", "--resource=pods")
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "create", "rolebinding", "alice-pods", "--role=pods", "--user=alice")
+		granted := time.Now()
+		waitCode(t, ctx, c, tokAlice, path, http.StatusOK, granted, 15*time.Second)
+		c.kubectlAs(t, ctx, admin, "-n", "demo", "delete", "rolebinding", "alice-pods")
+		waitCode(t, ctx, c, tokAlice, path, http.StatusForbidden, time.Now(), 15*time.Second)
+	})
+
+	// The Node authorizer: a node reads only the Secrets its pods reference.
+	t.Run("node-authorizer", func(t *testing.T) {
+		for _, s := range []string{"used", "unused"} {
+			code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/secrets",
+				fmt.Sprintf(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":%q},"stringData":{"k":"v"}}`, s))
+			if code != http.StatusCreated {
+				t.Fatalf("create secret %s: %d %s", s, code, body)
+			}
+		}
+		code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/pods",
+			`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"on-node-1"},"spec":{"nodeName":"node-1","automountServiceAccountToken":false,
+			"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}],"volumes":[{"name":"s","secret":{"secretName":"used"}}]}}`)
+		if code != http.StatusCreated {
+			t.Fatalf("create pod: %d %s", code, body)
+		}
+		const unused = "/api/v1/namespaces/demo/secrets/unused"
+		kc, kb := c.call(ctx, c.kubeURL, tokNode1, http.MethodGet, unused, "")
+		hc, hb := c.call(ctx, c.FrontdoorURL, tokNode1, http.MethodGet, unused, "")
+		if kc != http.StatusForbidden || hc != http.StatusForbidden || statusLine(kb) != statusLine(hb) {
+			t.Errorf("node-1 reads an unreferenced Secret: Herald %d %s, kube-apiserver %d %s", hc, statusLine(hb), kc, statusLine(kb))
+		}
+		// The referenced one: allowed once the Node authorizer's graph has
+		// the pod (it follows the cluster's watch).
+		waitCode(t, ctx, c, tokNode1, "/api/v1/namespaces/demo/secrets/used", http.StatusOK, time.Now(), 15*time.Second)
+		if code, body := c.call(ctx, c.FrontdoorURL, tokNode1, http.MethodGet, "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1", ""); code != 200 {
+			t.Errorf("node-1 lists its pods: %d %s", code, clip(body))
+		}
+		if code, body := c.call(ctx, c.FrontdoorURL, tokNode1, http.MethodGet, "/api/v1/pods", ""); code != 403 {
+			t.Errorf("node-1 lists every pod: %d %s", code, clip(body))
+		}
+	})
+
+	// A watch of a resource Herald does not cache streams through from
+	// kube-apiserver as it happens (chunked, flushed per event).
+	t.Run("watch-passthrough", func(t *testing.T) {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(wctx, http.MethodGet, c.FrontdoorURL+"/api/v1/namespaces/demo/secrets?watch=true&resourceVersion=0", nil)
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(c.PKI.CAPEM)
+		resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("watch secrets: %d %s", resp.StatusCode, b)
+		}
+		events := make(chan watchEvent, 100)
+		go func() {
+			defer close(events)
+			dec := json.NewDecoder(resp.Body)
+			for {
+				var ev watchEvent
+				if dec.Decode(&ev) != nil {
+					return
+				}
+				events <- ev
+			}
+		}()
+		code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/secrets", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"streamed"}}`)
+		if code != http.StatusCreated {
+			t.Fatalf("create secret: %d %s", code, body)
+		}
+		for ev := range events {
+			if ev.Type == "ADDED" && ev.meta().Metadata.Name == "streamed" {
+				return
+			}
+		}
+		t.Error("the watch through Herald never delivered the new Secret")
+	})
+
+	// An upgrade the upstream refuses (no kubelet runs node-1) gets the
+	// upstream's own answer.
+	t.Run("exec-refused", func(t *testing.T) {
+		args := []string{"-n", "demo", "exec", "on-node-1", "--", "true"}
+		direct, derr := c.kubectlTry(ctx, c.kubeCfg["admin"], args...)
+		via, herr := c.kubectlTry(ctx, admin, args...)
+		if derr == nil || herr == nil || direct != via {
+			t.Errorf("kubectl exec: Herald %v %q, kube-apiserver %v %q", herr, via, derr, direct)
+		}
+	})
+
+	// Bodies over kube-apiserver's limit are refused before forwarding.
+	t.Run("body-limit", func(t *testing.T) {
+		big := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"big"},"data":{"x":%q}}`, strings.Repeat("x", 4<<20))
+		code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/configmaps", big)
+		if code != http.StatusRequestEntityTooLarge {
+			t.Errorf("4 MiB body: %d %s", code, clip(body))
+		}
+	})
+
+	// Last: the upstream goes away; clients get a 503 Status at once.
+	t.Run("upstream-down", func(t *testing.T) {
+		c.stopKube()
+		start := time.Now()
+		code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/configmaps", `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"late"}}`)
+		if code != http.StatusServiceUnavailable || !strings.HasPrefix(statusLine(body), "503 ServiceUnavailable") {
+			t.Errorf("write with the upstream down: %d %s", code, body)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("the 503 took %s", d)
+		}
+	})
+}
+
+// waitCode polls path as token until it answers want, failing after
+// within (from since).
+func waitCode(t *testing.T, ctx context.Context, c *clusterEnv, token, path string, want int, since time.Time, within time.Duration) {
+	t.Helper()
+	for {
+		code, body := c.call(ctx, c.FrontdoorURL, token, http.MethodGet, path, "")
+		if code == want {
+			t.Logf("%s answered %d after %s", path, want, time.Since(since).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(since) > within {
+			t.Errorf("%s: still %d after %s, want %d: %s", path, code, within, want, clip(body))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func clip(s string) string {
+	if len(s) > 400 {
+		return s[:400] + "…(" + strconv.Itoa(len(s)) + " bytes)"
+	}
+	return s
+}

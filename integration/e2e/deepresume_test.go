@@ -1,0 +1,289 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"herald.dev/integration/checker"
+	"herald.dev/integration/stack"
+)
+
+// Deep resume at scale: many watchers resume at once from a revision far
+// older than the caches' windows and fanout's ring, so every one of them is
+// replayed from the stream. The replays must be bounded in memory (streamed
+// in chunks end to end, selectors applied at the cache, a bounded number at
+// once), deliver every event exactly once, and stop (releasing their memory)
+// when their clients go away.
+const (
+	deepWatchers = 200
+	deepEvents   = 1600 // the resume point's age in events: 40 windows
+	deepNS       = 16   // namespaces, spread over both pod shards
+	deepPods     = 20   // per namespace
+	// deepHeapBound is the most heap fanout or a cache may have in use
+	// during the replays. Holding every replayed event, as a replay that
+	// collects before it writes does, takes about 500 MiB here.
+	deepHeapBound = 192 << 20
+	// deepHeapAfter is the most live heap either may keep once every
+	// watcher has gone (after forced GCs).
+	deepHeapAfter = 96 << 20
+)
+
+func TestDeepResumeIsBounded(t *testing.T) {
+	e := startStack(t, stack.Options{
+		CacheShards: []stack.CacheShard{{Resources: "pods", Partitions: "0-7", Replicas: 1}, {Replicas: 1}},
+		Flags: map[string][]string{
+			"cache":  {"--default-watch-cache-size=40"},
+			"fanout": {"--ring-size=40", "--bookmark-interval=500ms"},
+		},
+	})
+	ctx := testContext(t, 4*time.Minute)
+	procs := []*stack.Proc{e.Proc("fanout-0"), e.Proc("cache-0-0"), e.Proc("cache-1-0")}
+
+	// The history: pods created and updated (about 750 bytes each) in
+	// parallel, all after `from`.
+	from := e.rev(t, ctx)
+	pad := strings.Repeat("x", 600)
+	var wg sync.WaitGroup
+	for n := range deepNS {
+		wg.Go(func() {
+			ns := fmt.Sprintf("deep-%d", n)
+			for i := range deepEvents / deepNS {
+				name := fmt.Sprintf("p%d", i%deepPods)
+				v := fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q,"namespace":%q,"labels":{"app":"deep"},"annotations":{"pad":%q}},"spec":{"nodeName":"n%d"},"status":{"phase":"Running","observedGeneration":%d}}`,
+					name, ns, pad, i%3, i)
+				if _, err := e.etcd.Put(ctx, "/registry/pods/"+ns+"/"+name, v); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	now := e.rev(t, ctx)
+	history, err := checker.EtcdHistory(ctx, e.etcd, "/registry/pods/", from+1, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := checker.ExpectedEvents("/registry/pods/", history, nil)
+	last := want[len(want)-1].RV
+	t.Logf("%d events between %d and %d", len(want), from, last)
+
+	// Straight to fanout (what frontdoor adds, TLS and authorization, is
+	// not what is measured here, and costs CPU the replays need).
+	client, base := http.DefaultClient, "http://"+procs[0].Addrs["http"]
+	path := "/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion=" + strconv.FormatInt(from, 10)
+
+	t.Run("every watcher gets every event once, memory bounded", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := watchHeap(t, wctx, cancel, procs, deepHeapBound)
+		start := time.Now()
+		got := make([][]checker.WatchEvent, deepWatchers)
+		var wg sync.WaitGroup
+		for i := range deepWatchers {
+			wg.Go(func() {
+				got[i] = readWatch(t, wctx, client, e.Token, base+path, last)
+			})
+		}
+		wg.Wait()
+		peak := stop()
+		t.Logf("%d watchers replayed %d events each in %v; peak heap in use %v MiB", deepWatchers, len(want), time.Since(start).Round(time.Millisecond), peak)
+		if t.Failed() {
+			return
+		}
+		for i, g := range got {
+			if errs := checker.CheckWatch(want, g); len(errs) > 0 {
+				t.Fatalf("watcher %d (%d events): %v", i, len(g), errs[:min(len(errs), 5)])
+			}
+		}
+	})
+
+	t.Run("a selector matching nothing gets nothing", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := watchHeap(t, wctx, cancel, procs, deepHeapBound)
+		var wg sync.WaitGroup
+		var events atomic.Int64
+		for range deepWatchers {
+			wg.Go(func() {
+				// The first bookmark comes once the watcher has joined the
+				// live stream: its replay is over.
+				got := readWatch(t, wctx, client, e.Token, base+path+"&labelSelector=app%3Dnone", 0)
+				events.Add(int64(len(got)))
+			})
+		}
+		wg.Wait()
+		t.Logf("peak heap in use %v MiB", stop())
+		if n := events.Load(); n > 0 {
+			t.Fatalf("watchers with a selector matching nothing got %d events", n)
+		}
+	})
+
+	t.Run("clients leaving mid-replay release the memory", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		stop := watchHeap(t, ctx, cancel, procs, deepHeapBound)
+		var wg sync.WaitGroup
+		var started sync.WaitGroup
+		started.Add(deepWatchers)
+		for range deepWatchers {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(wctx, http.MethodGet, base+path, nil)
+				req.Header.Set("Authorization", "Bearer "+e.Token)
+				resp, err := client.Do(req)
+				started.Done()
+				if err != nil {
+					return
+				}
+				defer resp.Body.Close()
+				io.Copy(io.Discard, resp.Body)
+			})
+		}
+		started.Wait()
+		// Some replays have written events: leave.
+		sent0 := metric(t, procs[0], "apiserver_watch_events_total")
+		eventually(t, ctx, "replays writing", func() string {
+			if metric(t, procs[0], "apiserver_watch_events_total") < sent0+1000 {
+				return "fewer than 1000 events written"
+			}
+			return ""
+		})
+		cancel()
+		wg.Wait()
+		stop()
+		for _, p := range procs {
+			eventually(t, ctx, p.Name+": every watch and replay gone", func() string {
+				for _, m := range []string{"herald_fanout_watchers", "herald_fanout_replays_running", "herald_fanout_replays_waiting",
+					"herald_cache_deep_replays_running", "herald_cache_deep_replays_waiting", "herald_cache_watch_streams"} {
+					if v := metric(t, p, m); v > 0 && (m != "herald_cache_watch_streams" || v > 1) {
+						return fmt.Sprintf("%s = %v", m, v)
+					}
+				}
+				return ""
+			})
+			if h := heapAfterGC(t, p); h > deepHeapAfter {
+				t.Errorf("%s: %d MiB of live heap after every client left (bound %d MiB)", p.Name, h>>20, deepHeapAfter>>20)
+			}
+		}
+	})
+}
+
+// readWatch reads a watch's events (bookmarks skipped) until one reaches
+// until, or with until 0 until the first bookmark (the watcher has joined
+// the live stream: its replay is over). Every error fails the test.
+func readWatch(t *testing.T, ctx context.Context, c *http.Client, token, url string, until int64) []checker.WatchEvent {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.Error(err)
+		}
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Errorf("watch: %d %s", resp.StatusCode, b)
+		return nil
+	}
+	var got []checker.WatchEvent
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var ev watchEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Errorf("decoding %q: %v", sc.Text(), err)
+			return got
+		}
+		switch ev.Type {
+		case "BOOKMARK":
+			if until == 0 {
+				return got
+			}
+			continue
+		case "ERROR":
+			t.Errorf("watch error: %s", ev.Object)
+			return got
+		}
+		c := ev.toCheck()
+		got = append(got, c)
+		if until > 0 && c.RV >= until {
+			return got
+		}
+	}
+	if ctx.Err() == nil {
+		t.Errorf("watch ended after %d events: %v", len(got), sc.Err())
+	}
+	return got
+}
+
+// watchHeap samples the heap in use of procs until the returned function is
+// called, which returns the peak (MiB). Past bound it fails the test and
+// calls abort (so that a replay that is not bounded is stopped before it
+// takes the machine's memory).
+func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, bound float64) func() float64 {
+	done := make(chan struct{})
+	var peak float64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, p := range procs {
+				h, ok := heapInUse(p)
+				if !ok {
+					continue // the stack is stopping
+				}
+				peak = max(peak, h)
+				if h > bound {
+					t.Errorf("%s: %.0f MiB of heap in use during the replays (bound %.0f MiB)", p.Name, h/(1<<20), bound/(1<<20))
+					abort()
+					return
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return func() float64 {
+		close(done)
+		wg.Wait()
+		return peak / (1 << 20)
+	}
+}
+
+// heapInUse scrapes p's go_memstats_heap_inuse_bytes (from a goroutine of
+// its own: no t.Fatal).
+func heapInUse(p *stack.Proc) (float64, bool) {
+	resp, err := http.Get("http://" + p.Admin + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,243 @@
+package storage
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+const (
+	nonStream406 = "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf"
+	stream406    = "only the following media types are accepted: application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch"
+	pom          = "as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+	poml         = "as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+)
+
+func request(accept, query, ua string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/api/v1/pods"+query, nil)
+	if accept != "" {
+		r.Header.Set("Accept", accept)
+	}
+	r.Header.Set("User-Agent", ua)
+	return r
+}
+
+// The cases follow kube-apiserver's negotiation (its negotiation package
+// and RequestScope restrictions): q-values and wildcards pick the clause,
+// parameters restrict it, custom resources have no protobuf of their own.
+func TestNegotiateOutput(t *testing.T) {
+	n := NewNegotiator()
+	metaV1 := func(kind string) *schema.GroupVersionKind {
+		return &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1", Kind: kind}
+	}
+	cases := []struct {
+		name, accept, query, ua string
+		custom                  bool
+		mt                      string
+		pretty                  bool
+		target                  *schema.GroupVersionKind
+		err                     string // the 406 message
+	}{
+		{name: "no accept", mt: MediaJSON},
+		{name: "any", accept: "*/*", mt: MediaJSON},
+		{name: "application wildcard", accept: "application/*", mt: MediaJSON},
+		{name: "protobuf", accept: MediaProtobuf, mt: MediaProtobuf},
+		{name: "protobuf then json", accept: "application/vnd.kubernetes.protobuf, application/json", mt: MediaProtobuf},
+		{name: "q-values", accept: "application/json;q=0.5, application/vnd.kubernetes.protobuf", mt: MediaProtobuf},
+		{name: "q-values json", accept: "application/vnd.kubernetes.protobuf;q=0.5, application/json", mt: MediaJSON},
+		{name: "yaml", accept: "application/yaml", mt: MediaYAML},
+		{name: "unknown parameter", accept: "application/json;foo=bar", mt: MediaJSON},
+		{name: "stream parameter", accept: "application/json;stream=watch", mt: MediaJSON},
+		{name: "stream parameter on yaml", accept: "application/yaml;stream=watch", err: nonStream406},
+		{name: "other stream", accept: "application/json;stream=other", err: nonStream406},
+		{name: "server version", accept: "application/json;sv=v1", mt: MediaJSON},
+		{name: "other server version", accept: "application/json;sv=v2", err: nonStream406},
+		{name: "html", accept: "text/html", err: nonStream406},
+		{name: "pretty parameter", accept: "application/json;pretty=1", mt: MediaJSON, pretty: true},
+		{name: "pretty query", query: "?pretty=true", mt: MediaJSON, pretty: true},
+		{name: "pretty false", query: "?pretty=false", ua: "curl/8", mt: MediaJSON},
+		{name: "curl", ua: "curl/8.0", mt: MediaJSON, pretty: true},
+		{name: "curl protobuf", accept: MediaProtobuf, ua: "curl/8.0", mt: MediaProtobuf},
+		{name: "kubectl", ua: "kubectl/v1.32", mt: MediaJSON},
+		{name: "metadata", accept: "application/json;" + pom, mt: MediaJSON, target: metaV1(KindPartialObjectMetadata)},
+		{name: "metadata v1beta1", accept: "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1", mt: MediaJSON,
+			target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1beta1", Kind: KindPartialObjectMetadataList}},
+		{name: "metadata protobuf", accept: "application/vnd.kubernetes.protobuf;" + poml + ",application/json;" + poml + ",application/json",
+			mt: MediaProtobuf, target: metaV1(KindPartialObjectMetadataList)},
+		{name: "metadata without group", accept: "application/json;as=PartialObjectMetadata;v=v1", err: nonStream406},
+		{name: "metadata in another version", accept: "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v2", err: nonStream406},
+		{name: "unknown kind", accept: "application/json;as=Foo;g=meta.k8s.io;v=v1", err: nonStream406},
+		{name: "table", accept: "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", mt: MediaJSON, target: metaV1(KindTable)},
+		{name: "table yaml", accept: "application/yaml;as=Table;v=v1;g=meta.k8s.io", mt: MediaYAML, target: metaV1(KindTable)},
+		{name: "table protobuf", accept: "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io", err: nonStream406},
+		{name: "table protobuf falls back", accept: "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json", mt: MediaJSON},
+		{name: "custom protobuf", accept: MediaProtobuf, custom: true, err: nonStream406},
+		{name: "custom protobuf then json", accept: "application/vnd.kubernetes.protobuf,application/json", custom: true, mt: MediaJSON},
+		{name: "custom any", accept: "*/*", custom: true, mt: MediaJSON},
+		{name: "custom metadata protobuf", accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: MediaProtobuf,
+			target: metaV1(KindPartialObjectMetadata)},
+		{name: "custom yaml", accept: "application/yaml", custom: true, mt: MediaYAML},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := n.NegotiateOutput(request(tc.accept, tc.query, tc.ua), tc.custom)
+			if tc.err != "" {
+				if !apierrors.IsNotAcceptable(err) || err.Error() != tc.err {
+					t.Fatalf("got %+v, %v; want 406 %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.MediaType != tc.mt || got.Pretty != tc.pretty || (got.Target == nil) != (tc.target == nil) ||
+				(got.Target != nil && *got.Target != *tc.target) {
+				t.Fatalf("got %+v (target %v), want %s pretty=%v target %v", got, got.Target, tc.mt, tc.pretty, tc.target)
+			}
+		})
+	}
+}
+
+// A watch is negotiated twice: its first acceptable clause must have a
+// streaming form.
+func TestNegotiateStream(t *testing.T) {
+	n := NewNegotiator()
+	cases := []struct {
+		accept string
+		custom bool
+		mt     string
+		as     string
+		err    string
+	}{
+		{accept: "", mt: MediaJSON},
+		{accept: MediaProtobuf, mt: MediaProtobuf},
+		{accept: "application/vnd.kubernetes.protobuf, application/json", mt: MediaProtobuf},
+		{accept: "application/yaml", err: stream406},
+		{accept: "application/yaml, application/json", err: stream406},
+		{accept: "application/json;" + pom, mt: MediaJSON, as: KindPartialObjectMetadata},
+		{accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: MediaProtobuf, as: KindPartialObjectMetadata},
+		{accept: MediaProtobuf, custom: true, err: stream406},
+		{accept: "text/plain", err: stream406},
+	}
+	for _, tc := range cases {
+		got, err := n.NegotiateStream(request(tc.accept, "", "curl/8"), tc.custom)
+		if tc.err != "" {
+			if !apierrors.IsNotAcceptable(err) || err.Error() != tc.err {
+				t.Errorf("%q: got %+v, %v; want 406 %q", tc.accept, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got.MediaType != tc.mt || got.As() != tc.as || got.Pretty {
+			t.Errorf("%q: got %+v, %v; want %s as %q", tc.accept, got, err, tc.mt, tc.as)
+		}
+	}
+}
+
+func TestCheckTarget(t *testing.T) {
+	as := func(kind string) Negotiated {
+		return Negotiated{MediaType: MediaJSON, Target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1", Kind: kind}}
+	}
+	pods := schema.GroupKind{Kind: "Pod"}
+	deploy := schema.GroupKind{Group: "apps", Kind: "Deployment"}
+	events := schema.GroupKind{Group: "events.k8s.io", Kind: "Event"}
+	widgets := schema.GroupKind{Group: "example.com", Kind: "Widget"}
+	cases := []struct {
+		n      Negotiated
+		kind   schema.GroupKind
+		custom bool
+		list   bool
+		err    string
+	}{
+		{n: as(KindPartialObjectMetadata), kind: pods, list: false},
+		{n: as(KindPartialObjectMetadataList), kind: pods, list: true},
+		{n: as(KindTable), kind: pods, list: true},
+		{n: Negotiated{MediaType: MediaJSON}, kind: pods, list: true},
+		{n: as(KindPartialObjectMetadata), kind: pods, list: true,
+			err: "you requested PartialObjectMetadata, but the requested object is a list (*core.PodList)"},
+		{n: as(KindPartialObjectMetadataList), kind: deploy,
+			err: "you requested PartialObjectMetadataList, but the requested object is not a list (*apps.Deployment)"},
+		{n: as(KindPartialObjectMetadata), kind: events, list: true,
+			err: "you requested PartialObjectMetadata, but the requested object is a list (*core.EventList)"},
+		{n: as(KindPartialObjectMetadata), kind: widgets, custom: true, list: true,
+			err: "you requested PartialObjectMetadata, but the requested object is a list (*unstructured.UnstructuredList)"},
+		{n: as(KindPartialObjectMetadataList), kind: widgets, custom: true,
+			err: "you requested PartialObjectMetadataList, but the requested object is not a list (*unstructured.Unstructured)"},
+	}
+	for _, tc := range cases {
+		err := tc.n.CheckTarget(tc.kind, tc.custom, tc.list)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%v %s list=%v: %v", tc.kind, tc.n.As(), tc.list, err)
+		case tc.err != "" && (!apierrors.IsNotAcceptable(err) || err.Error() != tc.err):
+			t.Errorf("%v %s list=%v: got %v, want 406 %q", tc.kind, tc.n.As(), tc.list, err, tc.err)
+		}
+	}
+}
+
+// The router's check before a built-in resource's handler: the messages
+// kube-apiserver v1.37 answers with.
+func TestRoute(t *testing.T) {
+	n := NewNegotiator()
+	const named = "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml, application/vnd.kubernetes.protobuf"
+	const collection = named + ", application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch"
+	for _, tc := range []struct {
+		accept             string
+		custom, collection bool
+		err                string
+	}{
+		{accept: ""},
+		{accept: "*/*;q=0.1"},
+		{accept: "text/html, application/json;as=Foo"},
+		{accept: " application/vnd.kubernetes.protobuf ;stream=watch"},
+		{accept: "text/html", err: named},
+		{accept: "application/*", collection: true, err: collection},
+		{accept: "text/html", custom: true},
+	} {
+		err := n.Route(request(tc.accept, "", ""), tc.custom, tc.collection)
+		if (tc.err == "") != (err == nil) || (err != nil && (!apierrors.IsNotAcceptable(err) || err.Error() != tc.err)) {
+			t.Errorf("%q custom=%v collection=%v: %v, want %q", tc.accept, tc.custom, tc.collection, err, tc.err)
+		}
+	}
+	for accept, want := range map[string]string{
+		"":                                    MediaJSON,
+		"application/yaml":                    MediaYAML,
+		"application/vnd.kubernetes.protobuf": MediaProtobuf,
+		"text/html":                           MediaJSON,
+		"application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json": MediaJSON,
+	} {
+		if got := n.ErrorMediaType(request(accept, "", "")); got != want {
+			t.Errorf("error media type for %q: %s, want %s", accept, got, want)
+		}
+	}
+}
+
+// FuzzNegotiate: any Accept header and query negotiate without a panic,
+// to a served media type or a 406.
+func FuzzNegotiate(f *testing.F) {
+	for _, s := range []string{"", "*/*", "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
+		"application/vnd.kubernetes.protobuf;q=0.5;stream=watch", ";;,,;=", "a/b;q=x;as", "application/yaml;q=1e999"} {
+		f.Add(s, "pretty=1", true)
+	}
+	n := NewNegotiator()
+	f.Fuzz(func(t *testing.T, accept, query string, custom bool) {
+		r := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+		r.URL.RawQuery = query
+		r.Header.Set("Accept", accept)
+		for _, neg := range []func(*http.Request, bool) (Negotiated, error){n.NegotiateOutput, n.NegotiateStream} {
+			got, err := neg(r, custom)
+			if err == nil && got.MediaType != MediaJSON && got.MediaType != MediaYAML && got.MediaType != MediaProtobuf {
+				t.Fatalf("%q: media type %q", accept, got.MediaType)
+			}
+			if err != nil && !apierrors.IsNotAcceptable(err) {
+				t.Fatalf("%q: %v", accept, err)
+			}
+		}
+		if err := n.Route(r, custom, true); err != nil && !apierrors.IsNotAcceptable(err) {
+			t.Fatalf("%q: %v", accept, err)
+		}
+		_ = n.ErrorMediaType(r)
+	})
+}

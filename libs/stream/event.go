@@ -1,0 +1,59 @@
+package stream
+
+import (
+	"context"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+// Event makes the watch event of change c, at revision rev, to the object
+// name in namespace of resource r (as the registry parsed c.Key), reading
+// stored values with dec (the consumer's one way to decode a value). prev
+// returns the object as the consumer knows it just before rev, nil when it
+// did not exist; Event calls it only when the event needs it (for a PUT,
+// once its value proved valid).
+//
+// It returns the event and, for a PUT, the object now stored at the key. ev
+// is nil when there is nothing to send: the delete of an object the
+// consumer never knew and whose previous value ingest did not carry, or a
+// change of an unknown kind. err is dec's *kube.DecodeError (wrapping
+// kube.ErrInvalidObject) for a PUT whose value cannot be served as an object
+// of r (corrupt, undecryptable, stripped by ingest for its size, ...), which
+// consumers skip; otherwise it is prev's error.
+func Event(ctx context.Context, dec *kube.Decoder, r *kube.Resource, namespace, name string, rev int64, c *heraldv1.Change, prev func() (*kube.Object, error)) (ev *heraldv1.Event, obj *kube.Object, err error) {
+	ev = &heraldv1.Event{Revision: rev, Namespace: namespace, Name: name}
+	switch c.Kind {
+	case heraldv1.Change_PUT:
+		obj, err = dec.Decode(ctx, r, c.Key, namespace, name, c.Value, rev)
+		if err != nil {
+			return nil, nil, err
+		}
+		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_ADDED, obj.JSON, obj.Labels, obj.Fields
+		p, err := prev()
+		if err != nil {
+			return nil, nil, err
+		}
+		if p != nil {
+			ev.Type = heraldv1.EventType_MODIFIED
+			ev.PrevObject, ev.PrevLabels, ev.PrevFields = p.WithRev(rev), p.Labels, p.Fields
+		}
+		return ev, obj, nil
+	case heraldv1.Change_DELETE:
+		p, err := prev()
+		if err != nil {
+			return nil, nil, err
+		}
+		if p == nil && len(c.PrevValue) > 0 {
+			// An invalid previous value makes no event: it was never
+			// served.
+			p, _ = dec.Decode(ctx, r, c.Key, namespace, name, c.PrevValue, rev)
+		}
+		if p == nil {
+			return nil, nil, nil // never served, nothing to delete
+		}
+		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_DELETED, p.WithRev(rev), p.Labels, p.Fields
+		return ev, nil, nil
+	}
+	return nil, nil, nil
+}

@@ -1,0 +1,119 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+func TestEvent(t *testing.T) {
+	reg := testRegistry(t)
+	pods := resource(t, reg, "pods")
+	const key = "/registry/pods/default/a"
+	v1 := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"default","labels":{"app":"x"}},"spec":{"nodeName":"n1"}}`)
+	v2 := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"default","labels":{"app":"y"}},"spec":{"nodeName":"n2"}}`)
+	dec, err := kube.NewDecoder(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := dec.Decode(context.Background(), pods, key, "default", "a", v1, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errPrev := errors.New("etcd is down")
+	known := func() (*kube.Object, error) { return old, nil }
+	unknown := func() (*kube.Object, error) { return nil, nil }
+	failing := func() (*kube.Object, error) { return nil, errPrev }
+
+	for _, tc := range []struct {
+		name     string
+		c        *heraldv1.Change
+		prev     func() (*kube.Object, error)
+		wantType heraldv1.EventType // EVENT_TYPE_UNSPECIFIED: no event
+		wantObj  bool               // a new object is stored
+		wantPrev bool               // the event carries the previous object
+		wantErr  error
+	}{
+		{"create", &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: v2, CreateRevision: 10}, unknown,
+			heraldv1.EventType_ADDED, true, false, nil},
+		{"update", &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: v2, CreateRevision: 5}, known,
+			heraldv1.EventType_MODIFIED, true, true, nil},
+		{"invalid value", &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: []byte("not json")}, failing,
+			0, false, false, kube.ErrInvalidObject},
+		{"value stripped for its size", &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key}, failing,
+			0, false, false, kube.ErrInvalidObject},
+		{"update, previous unreadable", &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: v2}, failing,
+			0, false, false, errPrev},
+		{"delete of a known object", &heraldv1.Change{Kind: heraldv1.Change_DELETE, Key: key}, known,
+			heraldv1.EventType_DELETED, false, false, nil},
+		{"delete known from its previous value", &heraldv1.Change{Kind: heraldv1.Change_DELETE, Key: key, PrevValue: v1}, unknown,
+			heraldv1.EventType_DELETED, false, false, nil},
+		{"delete of an object never served", &heraldv1.Change{Kind: heraldv1.Change_DELETE, Key: key}, unknown,
+			0, false, false, nil},
+		{"delete with an invalid previous value", &heraldv1.Change{Kind: heraldv1.Change_DELETE, Key: key, PrevValue: []byte("{")}, unknown,
+			0, false, false, nil},
+		{"delete, previous unreadable", &heraldv1.Change{Kind: heraldv1.Change_DELETE, Key: key}, failing,
+			0, false, false, errPrev},
+		{"unknown kind", &heraldv1.Change{Key: key, Value: v2}, failing,
+			0, false, false, nil},
+	} {
+		ev, obj, err := Event(context.Background(), dec, pods, "default", "a", 10, tc.c, tc.prev)
+		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.wantErr)
+		}
+		if (obj != nil) != tc.wantObj {
+			t.Errorf("%s: stored object = %v, want one: %v", tc.name, obj, tc.wantObj)
+		}
+		if tc.wantType == 0 {
+			if ev != nil {
+				t.Errorf("%s: event %v, want none", tc.name, ev)
+			}
+			continue
+		}
+		if ev == nil {
+			t.Errorf("%s: no event, want %v", tc.name, tc.wantType)
+			continue
+		}
+		if ev.Type != tc.wantType || ev.Revision != 10 || ev.Namespace != "default" || ev.Name != "a" {
+			t.Errorf("%s: event %v %d %s/%s", tc.name, ev.Type, ev.Revision, ev.Namespace, ev.Name)
+		}
+		if (len(ev.PrevObject) > 0) != tc.wantPrev {
+			t.Errorf("%s: previous object %q, want one: %v", tc.name, ev.PrevObject, tc.wantPrev)
+		}
+		switch ev.Type {
+		case heraldv1.EventType_ADDED, heraldv1.EventType_MODIFIED:
+			if string(ev.Object) != string(obj.JSON) || ev.Labels["app"] != "y" {
+				t.Errorf("%s: event object %s labels %v", tc.name, ev.Object, ev.Labels)
+			}
+			if tc.wantPrev && ev.PrevLabels["app"] != "x" {
+				t.Errorf("%s: previous labels %v", tc.name, ev.PrevLabels)
+			}
+		case heraldv1.EventType_DELETED:
+			// The deleted object as it last was, at the delete's revision.
+			want := old.WithRev(10)
+			if string(ev.Object) != string(want) || ev.Labels["app"] != "x" {
+				t.Errorf("%s: deleted object %s, want %s", tc.name, ev.Object, want)
+			}
+		}
+	}
+}
+
+// TestEventCallsPrevOnlyWhenNeeded: an invalid PUT never asks for the
+// previous state (which may cost an etcd read).
+func TestEventCallsPrevOnlyWhenNeeded(t *testing.T) {
+	pods := resource(t, testRegistry(t), "pods")
+	dec, err := kube.NewDecoder(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	prev := func() (*kube.Object, error) { calls++; return nil, nil }
+	Event(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{Kind: heraldv1.Change_PUT, Value: []byte("[]")}, prev)
+	Event(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{}, prev)
+	if calls != 0 {
+		t.Errorf("prev called %d times", calls)
+	}
+}

@@ -1,0 +1,263 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/btree"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+// Server.Watch as an adapter: what it sends for what the window gives it.
+// The shard is built by hand around one window (no etcd, no NATS): every
+// request here is for a revision the shard has reached.
+
+// watchStream is a Cache_WatchServer whose responses go to a channel. With
+// ack set, Send returns only once the test acknowledges the response: the
+// test knows where the stream's goroutine is.
+type watchStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	sent chan *heraldv1.WatchResponse
+	ack  chan struct{}
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }
+
+func (s *watchStream) Send(r *heraldv1.WatchResponse) error {
+	select {
+	case s.sent <- r:
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+	if s.ack == nil {
+		return nil
+	}
+	select {
+	case <-s.ack:
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+}
+
+func testServer(t *testing.T, rs *resourceState, head int64, buffer int) (*Server, *Shard) {
+	t.Helper()
+	s := &Shard{cfg: Config{SubscriberBuffer: buffer, WaitTimeout: time.Second}, reg: registry(t), m: newMetrics(prometheus.NewRegistry()),
+		resources: map[string]*resourceState{rs.res.ID(): rs}, advanced: make(chan struct{}), firstUp: make(chan struct{})}
+	s.ready.Store(true)
+	s.head.Store(head)
+	return NewServer(s), s
+}
+
+// watch runs Watch and returns its responses, flattened to "rev:name"
+// ("rev:" for a bookmark), and its error; the stream is never waited on.
+func watch(t *testing.T, v *Server, req *heraldv1.WatchRequest) ([]string, [][]*heraldv1.Event, error) {
+	t.Helper()
+	st := &watchStream{ctx: t.Context(), sent: make(chan *heraldv1.WatchResponse, 1000)}
+	err := v.Watch(req, st)
+	close(st.sent)
+	var flat []string
+	var resps [][]*heraldv1.Event
+	for r := range st.sent {
+		flat = append(flat, revs(r.Events)...)
+		resps = append(resps, r.Events)
+	}
+	return flat, resps, err
+}
+
+func TestWatchReplayFromTheWindow(t *testing.T) {
+	rs := newWindow(t, 100)
+	apply(t, rs, 11, put("a", "p1"), put("b", "p2"))
+	apply(t, rs, 12, put("a", "p3"))
+	v, _ := testServer(t, rs, 14, 8)
+
+	got, _, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 10})
+	if want := []string{"10:", "11:p1", "11:p2", "12:p3", "14:"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("all namespaces: %v, %v; want %v", got, err, want)
+	}
+	got, _, err = watch(t, v, &heraldv1.WatchRequest{Resource: "pods", Namespace: "b", AfterRevision: 10})
+	if want := []string{"10:", "11:p2", "14:"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("namespace b: %v, %v; want %v", got, err, want)
+	}
+	got, _, err = watch(t, v, &heraldv1.WatchRequest{Resource: "pods"})
+	if want := []string{"14:", "14:"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("from now: %v, %v; want %v", got, err, want)
+	}
+	got, _, err = watch(t, v, &heraldv1.WatchRequest{Resource: "pods", Namespace: "a", InitialEvents: true})
+	if want := []string{"11:p1", "12:p3", "14:", "14:"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("initial events: %v, %v; want %v", got, err, want)
+	}
+	got, _, err = watch(t, v, &heraldv1.WatchRequest{Resource: "pods", InitialEvents: true, StateRevision: 11})
+	if want := []string{"11:p1", "11:p2", "11:", "12:p3", "14:"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("state at 11: %v, %v; want %v", got, err, want)
+	}
+	_, _, err = watch(t, v, &heraldv1.WatchRequest{Resource: "pods", InitialEvents: true, StateRevision: 9})
+	if status.Code(err) != codes.OutOfRange || status.Convert(err).Message() != "too old resource version: 9 (11)" {
+		t.Errorf("state at 9: %v, want OutOfRange too old", err)
+	}
+}
+
+// A response holds up to watchBatch events but never splits a revision.
+func TestWatchBatchesWholeRevisions(t *testing.T) {
+	rs := newWindow(t, 10_000)
+	var big []change
+	for i := range watchBatch + 10 {
+		big = append(big, put("a", fmt.Sprintf("p%03d", i)))
+	}
+	apply(t, rs, 11, put("a", "first"))
+	apply(t, rs, 12, big...)
+	apply(t, rs, 13, put("a", "last"))
+	v, _ := testServer(t, rs, 13, 8)
+	_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resps) != 2 || len(resps[0]) != 2+watchBatch+10 || len(resps[1]) != 2 {
+		t.Fatalf("responses of %d events, want [bookmark, 11, 12...] and [13, bookmark]", lens(resps))
+	}
+}
+
+func lens(resps [][]*heraldv1.Event) []int {
+	var out []int
+	for _, r := range resps {
+		out = append(out, len(r))
+	}
+	return out
+}
+
+// A following watch streams the window's revisions as they come, and is
+// ended with Aborted when the window cuts it off.
+func TestWatchFollowsUntilCut(t *testing.T) {
+	rs := newWindow(t, 100)
+	v, s := testServer(t, rs, snapRev, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st := &watchStream{ctx: ctx, sent: make(chan *heraldv1.WatchResponse), ack: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- v.Watch(&heraldv1.WatchRequest{Resource: "pods", Namespace: "a", Follow: true}, st) }()
+	next := func() []string {
+		t.Helper()
+		r := <-st.sent
+		return revs(r.Events)
+	}
+
+	if got := next(); !slices.Equal(got, []string{"10:", "10:"}) {
+		t.Fatalf("start: %v", got)
+	}
+	st.ack <- struct{}{} // registered before its start was sent
+	apply(t, rs, 11, put("b", "p1"), put("a", "p2"))
+	if got := next(); !slices.Equal(got, []string{"11:p2"}) {
+		t.Fatalf("live: %v", got)
+	}
+	st.ack <- struct{}{}
+	rs.bookmark(12)
+	if got := next(); !slices.Equal(got, []string{"12:"}) {
+		t.Fatalf("bookmark: %v", got)
+	}
+	st.ack <- struct{}{}
+	// The client stops reading while 13 is being sent: 14 fills the
+	// stream's queue of one, 15 cuts it off.
+	apply(t, rs, 13, put("a", "p3"))
+	if got := next(); !slices.Equal(got, []string{"13:p3"}) {
+		t.Fatalf("before the cut: %v", got)
+	}
+	apply(t, rs, 14, put("a", "p4"))
+	rs.bookmark(15) // dropped: no room, no cut
+	select {
+	case <-done:
+		t.Fatal("a dropped bookmark ended the stream")
+	default:
+	}
+	apply(t, rs, 16, put("a", "p5"))
+	st.ack <- struct{}{}
+	var err error
+	for err == nil {
+		select {
+		case err = <-done:
+		case r := <-st.sent: // 14, queued before the cut, may still go out
+			if got := revs(r.Events); !slices.Equal(got, []string{"14:p4"}) {
+				t.Fatalf("after the cut: %v", got)
+			}
+			st.ack <- struct{}{}
+		}
+	}
+	if status.Code(err) != codes.Aborted || status.Convert(err).Message() != errTooSlow.Error() {
+		t.Fatalf("Watch ended with %v, want Aborted: %v", err, errTooSlow)
+	}
+	if n := testutil.ToFloat64(s.m.subsCut.WithLabelValues("too_slow")); n != 1 {
+		t.Errorf("too_slow cuts = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(s.m.subs.WithLabelValues("pods")); n != 0 {
+		t.Errorf("%v streams still counted after the cut", n)
+	}
+}
+
+// A resync cuts a following watch off with Aborted and errResync.
+func TestWatchCutByResync(t *testing.T) {
+	rs := newWindow(t, 100)
+	v, s := testServer(t, rs, snapRev, 8)
+	st := &watchStream{ctx: t.Context(), sent: make(chan *heraldv1.WatchResponse, 8)}
+	done := make(chan error, 1)
+	go func() { done <- v.Watch(&heraldv1.WatchRequest{Resource: "pods", Follow: true}, st) }()
+	<-st.sent // the start: registered
+	rs.reset(btree.NewG(32, lessEntry), 40)
+	if err := <-done; status.Code(err) != codes.Aborted || status.Convert(err).Message() != errResync.Error() {
+		t.Fatalf("Watch ended with %v, want Aborted: %v", err, errResync)
+	}
+	if n := testutil.ToFloat64(s.m.subsCut.WithLabelValues("resync")); n != 1 {
+		t.Errorf("resync cuts = %v, want 1", n)
+	}
+}
+
+// A watch's selectors reach the cache (deep resumes): only events that can
+// concern the watcher are sent, transitions included — an object leaving
+// the selection still goes out, for the watcher to see as DELETED.
+func TestWatchSelectorsKeepTransitions(t *testing.T) {
+	v, _ := testServer(t, newWindow(t, 10), 10, 8)
+	_, _, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 10, LabelSelector: "app in (", FieldSelector: ""})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("malformed selector: %v, want InvalidArgument", err)
+	}
+	sel, err := kube.ParseSelector(pods(t), "a", "app=web", "spec.nodeName=n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &watchSender{sel: sel}
+	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
+	n1, n2 := map[string]string{"spec.nodeName": "n1"}, map[string]string{"spec.nodeName": "n2"}
+	ev := func(typ heraldv1.EventType, ns string, l, f, pl, pf map[string]string) *heraldv1.Event {
+		return &heraldv1.Event{Type: typ, Namespace: ns, Labels: l, Fields: f, PrevLabels: pl, PrevFields: pf}
+	}
+	for _, c := range []struct {
+		name string
+		ev   *heraldv1.Event
+		want bool
+	}{
+		{"bookmark", &heraldv1.Event{Type: heraldv1.EventType_BOOKMARK}, true},
+		{"added, matching", ev(heraldv1.EventType_ADDED, "a", web, n1, nil, nil), true},
+		{"added, other namespace", ev(heraldv1.EventType_ADDED, "b", web, n1, nil, nil), false},
+		{"added, other label", ev(heraldv1.EventType_ADDED, "a", db, n1, nil, nil), false},
+		{"added, other field", ev(heraldv1.EventType_ADDED, "a", web, n2, nil, nil), false},
+		{"modified, entering", ev(heraldv1.EventType_MODIFIED, "a", web, n1, db, n1), true},
+		{"modified, leaving by label", ev(heraldv1.EventType_MODIFIED, "a", db, n1, web, n1), true},
+		{"modified, leaving by field", ev(heraldv1.EventType_MODIFIED, "a", web, n2, web, n1), true},
+		{"modified, never matching", ev(heraldv1.EventType_MODIFIED, "a", db, n1, web, n2), false},
+		{"deleted, matching", ev(heraldv1.EventType_DELETED, "a", web, n1, nil, nil), true},
+		{"deleted, not matching", ev(heraldv1.EventType_DELETED, "a", db, n1, web, n1), false},
+	} {
+		if got := w.concerns(c.ev); got != c.want {
+			t.Errorf("%s: concerns = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package fanout
+
+import (
+	"bytes"
+	"encoding/binary"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/storage"
+)
+
+func testEncoder(t *testing.T, r *kube.Resource) *encoder {
+	t.Helper()
+	codec, err := storage.NewCodec(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvk := r.GroupVersionKind()
+	return &encoder{codec: codec, res: r, gvk: gvk, custom: !codec.Typed(gvk), now: time.Now, log: slog.New(slog.DiscardHandler)}
+}
+
+const podJSON = `{"apiVersion":"v1","kind":"Pod","metadata":{"labels":{"app":"web"},"name":"web-0","namespace":"default","resourceVersion":"12"},"spec":{"containers":[{"image":"i","name":"c"}],"nodeName":"n1"},"status":{"phase":"Running"}}`
+
+// frame reads one protobuf watch frame.
+func frame(t *testing.T, b []byte) metav1.WatchEvent {
+	t.Helper()
+	if len(b) < 4 || int(binary.BigEndian.Uint32(b)) != len(b)-4 {
+		t.Fatalf("not one length-delimited frame: %q", b)
+	}
+	var ev metav1.WatchEvent
+	if err := ev.Unmarshal(b[4:]); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// Each encoding of an event is made once and the same bytes go to every
+// watcher that wants it, whichever goroutine asks first.
+func TestEncodedOncePerEvent(t *testing.T) {
+	pods := &kube.Resource{Version: "v1", Kind: "Pod", Plural: "pods", Namespaced: true}
+	e := testEncoder(t, pods)
+	it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "default", Name: "web-0",
+		Object: []byte(podJSON), PrevObject: []byte(strings.Replace(podJSON, `"12"`, `"11"`, 1))})
+	formats := []format{
+		jsonLines,
+		{mt: storage.MediaProtobuf},
+		{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion},
+		{mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata, gv: schema.GroupVersion{Group: "meta.k8s.io", Version: "v1beta1"}},
+		{mt: storage.MediaJSON, as: storage.KindTable},
+	}
+	for _, f := range formats {
+		for _, tr := range []kube.Transition{kube.AsModified, kube.AsDeletedPrev} {
+			var wg sync.WaitGroup
+			got := make([][]byte, 8)
+			for i := range got {
+				wg.Go(func() {
+					b, err := e.encoded(it, f, tr, true)
+					if err != nil {
+						t.Error(err)
+					}
+					got[i] = b
+				})
+			}
+			wg.Wait()
+			for _, b := range got[1:] {
+				if len(b) == 0 || &b[0] != &got[0][0] {
+					t.Fatalf("%+v %v: watchers got different encodings", f, tr)
+				}
+			}
+		}
+	}
+
+	ev := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf}, kube.AsDeletedPrev, false)))
+	obj, err := e.codec.DecodeServed(e.gvk, []byte(podJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := e.codec.EncodeProtobuf(obj)
+	if ev.Type != "DELETED" || !bytes.HasPrefix(ev.Object.Raw, []byte("k8s\x00")) || len(ev.Object.Raw) != len(want) {
+		t.Fatalf("protobuf DELETED: %q %d bytes, want %d", ev.Type, len(ev.Object.Raw), len(want))
+	}
+	line := string(must(e.encoded(it, formats[2], kube.AsModified, false)))
+	if !strings.HasPrefix(line, `{"type":"MODIFIED","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"name":"web-0","namespace":"default","resourceVersion":"12"`) ||
+		!strings.HasSuffix(line, "}}\n") || strings.Count(line, "\n") != 1 {
+		t.Fatalf("metadata line: %q", line)
+	}
+	ev = frame(t, must(e.encoded(it, formats[3], kube.AsModified, false)))
+	if !bytes.Contains(ev.Object.Raw, []byte("meta.k8s.io/v1beta1")) || !bytes.Contains(ev.Object.Raw, []byte("web-0")) {
+		t.Fatalf("protobuf metadata: %q", ev.Object.Raw)
+	}
+
+	// kube-apiserver ends a watch asking for PartialObjectMetadataList at
+	// its first event.
+	poml := format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadataList, gv: metav1.SchemeGroupVersion}
+	if _, err := e.encoded(it, poml, kube.AsModified, false); err != errWatchAsList {
+		t.Errorf("metadata list event: %v", err)
+	}
+	if _, err := e.bookmark(poml, 12, true); err != errWatchAsList {
+		t.Errorf("metadata list bookmark: %v", err)
+	}
+
+	// A value that is not a pod ends the stream with an error, never a
+	// wrong object.
+	bad := newItem(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 13, Object: []byte(`{"metadata":[]}`)})
+	if _, err := e.encoded(bad, format{mt: storage.MediaProtobuf}, kube.AsAdded, false); err == nil {
+		t.Error("undecodable object encoded")
+	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// Bookmarks and errors follow the stream's format.
+func TestBookmarkAndErrorEvents(t *testing.T) {
+	pods := &kube.Resource{Version: "v1", Kind: "Pod", Plural: "pods", Namespaced: true}
+	e := testEncoder(t, pods)
+	pb := format{mt: storage.MediaProtobuf}
+	ev := frame(t, must(e.bookmark(pb, 40, true)))
+	if ev.Type != "BOOKMARK" || !bytes.Contains(ev.Object.Raw, []byte(metav1.InitialEventsAnnotationKey)) || !bytes.Contains(ev.Object.Raw, []byte("40")) {
+		t.Fatalf("protobuf bookmark: %q %q", ev.Type, ev.Object.Raw)
+	}
+	// kube-apiserver v1.37's bytes for the same bookmark.
+	if got := string(must(e.bookmark(jsonLines, 60, true))); got != `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"60","annotations":{"k8s.io/initial-events-end":"true"}},"spec":{"containers":null},"status":{}}}`+"\n" {
+		t.Fatalf("JSON bookmark: %s", got)
+	}
+	widgets := testEncoder(t, &kube.Resource{Group: "example.com", Version: "v1", Kind: "Widget", Plural: "widgets", Namespaced: true})
+	if got := string(must(widgets.bookmark(jsonLines, 60, false))); got != `{"type":"BOOKMARK","object":{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"resourceVersion":"60"}}}`+"\n" {
+		t.Fatalf("custom resource bookmark: %s", got)
+	}
+	pom := format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion}
+	if got := string(must(e.bookmark(pom, 40, false))); got != `{"type":"BOOKMARK","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"40"}}}`+"\n" {
+		t.Fatalf("metadata bookmark: %s", got)
+	}
+	ev = frame(t, e.errorEvent(pb, kube.TooOld(3, 9)))
+	if ev.Type != "ERROR" || !bytes.Contains(ev.Object.Raw, []byte("too old resource version: 3 (9)")) {
+		t.Fatalf("protobuf error: %q %q", ev.Type, ev.Object.Raw)
+	}
+	if got := string(e.errorEvent(jsonLines, kube.TooOld(3, 9))); !strings.Contains(got, `"code":410`) {
+		t.Fatalf("JSON error: %s", got)
+	}
+}
+
+// A watch's format is kube-apiserver's negotiation; what it refuses is a
+// 406.
+func TestNegotiateWatch(t *testing.T) {
+	s := &Server{neg: storage.NewNegotiator()}
+	var err error
+	if s.codec, err = storage.NewCodec(nil); err != nil {
+		t.Fatal(err)
+	}
+	pods := &kube.Resource{Version: "v1", Kind: "Pod", Plural: "pods", Namespaced: true}
+	widgets := &kube.Resource{Group: "example.com", Version: "v1", Kind: "Widget", Plural: "widgets", Namespaced: true}
+	for _, tc := range []struct {
+		res    *kube.Resource
+		accept string
+		want   format
+		ct     string
+		code   int32
+	}{
+		{pods, "", jsonLines, "application/json", 0},
+		{pods, "application/vnd.kubernetes.protobuf", format{mt: storage.MediaProtobuf}, "application/vnd.kubernetes.protobuf;stream=watch", 0},
+		{pods, "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+			format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadataList, gv: metav1.SchemeGroupVersion}, "application/json", 0},
+		{pods, "application/json;as=Table;g=meta.k8s.io;v=v1", format{mt: storage.MediaJSON, as: storage.KindTable, gv: metav1.SchemeGroupVersion},
+			"application/json;as=Table;v=v1;g=meta.k8s.io", 0},
+		{pods, "application/yaml", format{}, "", 406},
+		{widgets, "application/vnd.kubernetes.protobuf", format{}, "", 406},
+		{widgets, "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+			format{mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion},
+			"application/vnd.kubernetes.protobuf;stream=watch", 0},
+	} {
+		r := httptest.NewRequest("GET", "/api/v1/pods?watch=true", nil)
+		r.Header.Set("Accept", tc.accept)
+		f, err := s.negotiate(r, tc.res)
+		if tc.code != 0 {
+			if !apierrors.IsNotAcceptable(err) {
+				t.Errorf("%s %q: %+v %v, want 406", tc.res.Plural, tc.accept, f, err)
+			}
+			continue
+		}
+		if err != nil || f != tc.want || f.contentType() != tc.ct {
+			t.Errorf("%s %q: %+v %v, want %+v (%s)", tc.res.Plural, tc.accept, f, err, tc.want, tc.ct)
+		}
+	}
+}

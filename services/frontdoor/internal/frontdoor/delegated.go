@@ -1,0 +1,256 @@
+package frontdoor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/apimachinery/pkg/util/wait"
+	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/token/cache"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
+	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/rest"
+)
+
+// Cluster mode's authentication and authorization come from the cluster,
+// with k8s.io/apiserver's own delegating pieces (what aggregated API servers
+// and kube-rbac-proxy use):
+//
+//   - bearer tokens frontdoor does not know itself are checked with
+//     TokenReview, cached by the token's hash (a positive and a negative
+//     TTL); client certificates are verified against client-ca-file, which
+//     in cluster mode is the cluster's client CA;
+//   - every read frontdoor serves is authorized with SubjectAccessReview
+//     (cached per user, verb, resource, namespace, name and selectors), so
+//     RBAC, the Node authorizer and webhooks decide exactly as in the
+//     cluster; local RBAC manifests are not consulted;
+//   - Impersonate-* headers (kubectl --as) are authorized as kube-apiserver
+//     does (verb impersonate on users, groups, serviceaccounts, uids,
+//     userextras, asked of the cluster as the caller) and the request then
+//     runs as the impersonated user, for reads served here and for requests
+//     forwarded upstream alike. kube-apiserver cannot chain impersonation,
+//     so Herald carries the outcome, never the caller's headers.
+type cluster struct {
+	log    *slog.Logger
+	tokens k8sauthn.Token
+	authz  authorizer.Authorizer
+	up     *upstream
+	// impersonate runs k8s.io/apiserver's impersonation filter.
+	codecs runtime.NegotiatedSerializer
+}
+
+// reviewBackoff is k8s.io/apiserver's DefaultAuthWebhookRetryBackoff,
+// shortened: a review that cannot reach the cluster fails within seconds.
+var reviewBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 3}
+
+func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
+	cfg, err := c.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	up, err := newUpstream(c, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	rc := rest.CopyConfig(cfg)
+	rc.Timeout = c.ReviewTimeout
+	authnClient, err := authenticationclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("upstream TokenReview client: %w", err)
+	}
+	authzClient, err := authorizationclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("upstream SubjectAccessReview client: %w", err)
+	}
+	tr, err := webhooktoken.NewFromInterface(authnClient, nil, reviewBackoff, c.ReviewTimeout, webhooktoken.AuthenticatorMetrics{
+		RecordRequestTotal:   func(context.Context, string) {},
+		RecordRequestLatency: func(context.Context, string, float64) {},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
+	}
+	az, err := authorizerfactory.DelegatingAuthorizerConfig{
+		SubjectAccessReviewClient: authzClient,
+		AllowCacheTTL:             c.AuthzAllowCacheTTL,
+		DenyCacheTTL:              c.AuthzDenyCacheTTL,
+		WebhookRetryBackoff:       &reviewBackoff,
+	}.New()
+	if err != nil {
+		return nil, fmt.Errorf("SubjectAccessReview authorizer: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	return &cluster{
+		log:    log,
+		tokens: cache.New(tr, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
+		authz:  az,
+		up:     up,
+		codecs: serializer.NewCodecFactory(scheme),
+	}, nil
+}
+
+// authenticate is local authentication (client certificates against the
+// cluster's CA, static tokens and service-account keys if configured), then
+// TokenReview for a bearer token nothing local accepted.
+func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, error) {
+	u, err := local.authenticate(r)
+	if err == nil {
+		return u, nil
+	}
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		return u, err
+	}
+	resp, ok, rerr := c.tokens.AuthenticateToken(r.Context(), tok)
+	if rerr != nil {
+		return nil, fmt.Errorf("token review: %w", rerr)
+	}
+	if !ok || resp.User == nil {
+		return nil, errors.New("token review: token not accepted by the cluster")
+	}
+	info := resp.User
+	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "tokenreview"}, nil
+}
+
+func bearerToken(h string) (string, bool) {
+	scheme, tok, found := strings.Cut(h, " ")
+	tok = strings.TrimSpace(tok)
+	return tok, found && strings.EqualFold(scheme, "bearer") && tok != ""
+}
+
+// impersonate applies the request's Impersonate-* headers, if any: each is
+// authorized by the cluster for u (kube-apiserver's own filter, on the
+// cluster's SubjectAccessReview), and the result is the user the request
+// runs as. When not allowed, the 403 (or 400) is written and ok is false.
+func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (_ *User, ok bool) {
+	if !hasImpersonation(r.Header) {
+		return u, true
+	}
+	var as user.Info
+	h := impersonation.WithImpersonation(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		as, _ = request.UserFrom(r.Context())
+	}), c.authz, c.codecs)
+	probe := r.Clone(request.WithUser(r.Context(), u.info()))
+	h.ServeHTTP(w, probe)
+	if as == nil {
+		return nil, false
+	}
+	c.log.Debug("impersonation", "user", u.Name, "as", as.GetName())
+	return &User{Name: as.GetName(), UID: as.GetUID(), Groups: as.GetGroups(), Extra: as.GetExtra(), Method: u.Method + "+impersonation"}, true
+}
+
+func hasImpersonation(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(strings.ToLower(k), "impersonate-") {
+			return true
+		}
+	}
+	return false
+}
+
+func (u *User) info() user.Info {
+	return &user.DefaultInfo{Name: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra}
+}
+
+// authorize asks the cluster (cached SubjectAccessReview) whether a is
+// allowed; q carries the request's selectors, which the Node authorizer
+// and others may condition on (a kubelet may list only its node's pods).
+func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bool, string) {
+	rec := &authorizer.AttributesRecord{
+		User: a.user.info(), Verb: a.verb, ResourceRequest: a.resourceRequest,
+		APIGroup: a.group, Resource: a.resource, Namespace: a.namespace, Name: a.name, Path: a.path,
+	}
+	if a.resourceRequest {
+		rec.APIVersion = "*"
+		if s := q.Get("fieldSelector"); s != "" {
+			if sel, err := fields.ParseSelector(s); err == nil {
+				rec.FieldSelectorRequirements = sel.Requirements()
+			} else {
+				rec.FieldSelectorParsingErr = err
+			}
+		}
+		if s := q.Get("labelSelector"); s != "" {
+			if sel, err := labels.Parse(s); err == nil {
+				rec.LabelSelectorRequirements, _ = sel.Requirements()
+			} else {
+				rec.LabelSelectorParsingErr = err
+			}
+		}
+	}
+	d, reason, err := c.authz.Authorize(ctx, rec)
+	if err != nil {
+		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.verb, "resource", a.resource, "err", err)
+	} else if d != authorizer.DecisionAllow && reason != "" {
+		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.verb, "resource", a.resource, "reason", reason)
+	}
+	if d == authorizer.DecisionAllow {
+		return true, ""
+	}
+	return false, reason
+}
+
+// authenticate resolves the request's user: locally, and in cluster mode
+// also by TokenReview.
+func (s *Server) authenticate(r *http.Request) (*User, error) {
+	if s.cluster != nil {
+		return s.cluster.authenticate(r, s.authn)
+	}
+	return s.authn.authenticate(r)
+}
+
+// clusterRoute is cluster mode's routing decision for an authenticated
+// request: impersonation first (*u becomes the impersonated user), then
+// everything frontdoor does not serve from its cache goes upstream. It
+// reports whether the request was answered.
+func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *auditEntry) bool {
+	as, ok := s.cluster.impersonate(w, r, *u)
+	if !ok {
+		ae.reason = "impersonation refused"
+		return true
+	}
+	if as != *u {
+		ae.authn += ",as=" + as.Name
+	}
+	*u = as
+	if s.servedHere(r) {
+		return false
+	}
+	ae.verb, ae.reason = upstreamVerb(r), "upstream"
+	s.cluster.up.serve(w, r, as)
+	return true
+}
+
+// servedHere reports whether frontdoor answers r itself in cluster mode:
+// reads (get, list, watch) of the resources its cache holds, and its own
+// /metrics and /debug/pprof. Everything else — writes, subresources,
+// upgrades, resources and versions not cached, discovery, /version,
+// /openapi — is the cluster's.
+func (s *Server) servedHere(r *http.Request) bool {
+	if (r.Method != http.MethodGet && r.Method != http.MethodHead) || httpstream.IsUpgradeRequest(r) {
+		return false
+	}
+	if s.nonResource(r.URL.Path) != nil {
+		return true
+	}
+	_, err := s.reg.ParseRequest(r.URL.Path, r.URL.Query())
+	return err == nil
+}

@@ -1,0 +1,417 @@
+package frontdoor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+)
+
+// fakeKube is a stand-in kube-apiserver: TokenReview, SubjectAccessReview
+// (with a small policy), an upgradeable exec endpoint, and a recorder for
+// everything else. It refuses every credential but Herald's.
+type fakeKube struct {
+	srv          *httptest.Server
+	tokenReviews atomic.Int64
+	mu           sync.Mutex
+	seen         []*http.Request
+	bodies       []string
+}
+
+const heraldToken = "herald-own-token"
+
+func newFakeKube(t *testing.T) *fakeKube {
+	k := &fakeKube{}
+	k.srv = httptest.NewTLSServer(http.HandlerFunc(k.serve))
+	t.Cleanup(k.srv.Close)
+	return k
+}
+
+func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer "+heraldToken {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	switch r.URL.Path {
+	case "/readyz":
+		w.Write([]byte("ok"))
+		return
+	case "/slow":
+		<-r.Context().Done()
+		return
+	case "/apis/authentication.k8s.io/v1/tokenreviews":
+		k.tokenReviews.Add(1)
+		var tr authenticationv1.TokenReview
+		json.NewDecoder(r.Body).Decode(&tr)
+		if tr.Spec.Token == "cluster-token" {
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{
+				Username: "carol", UID: "c-1", Groups: []string{"devs", "system:authenticated"}, Extra: map[string]authenticationv1.ExtraValue{"scopes.example.com/x": {"a"}}}}
+		}
+		json.NewEncoder(w).Encode(tr)
+		return
+	case "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+		var sar authorizationv1.SubjectAccessReview
+		json.NewDecoder(r.Body).Decode(&sar)
+		sar.Status.Allowed = fakePolicy(&sar.Spec)
+		json.NewEncoder(w).Encode(sar)
+		return
+	}
+	b, _ := io.ReadAll(r.Body)
+	k.mu.Lock()
+	k.seen = append(k.seen, r.Clone(r.Context()))
+	k.bodies = append(k.bodies, string(b))
+	k.mu.Unlock()
+	if r.Header.Get("Upgrade") != "" {
+		c, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + r.Header.Get("Upgrade") + "\r\n\r\n")
+		rw.Flush()
+		io.Copy(c, rw) // echo
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"from":"upstream","path":%q}`, r.URL.Path)
+}
+
+// fakePolicy: carol reads pods in ns1 and may impersonate dave; admin
+// (system:masters) may do anything.
+func fakePolicy(s *authorizationv1.SubjectAccessReviewSpec) bool {
+	if slices.Contains(s.Groups, "system:masters") {
+		return true
+	}
+	ra := s.ResourceAttributes
+	switch {
+	case ra == nil:
+		return false
+	case s.User == "carol" && ra.Resource == "pods" && ra.Namespace == "ns1" && (ra.Verb == "list" || ra.Verb == "get"):
+		return true
+	case s.User == "carol" && ra.Verb == "impersonate" && ra.Resource == "users" && ra.Name == "dave":
+		return true
+	case s.User == "dave" && ra.Resource == "pods" && ra.Verb == "list":
+		return true
+	}
+	return false
+}
+
+func (k *fakeKube) last(t *testing.T) (*http.Request, string) {
+	t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.seen) == 0 {
+		t.Fatal("the upstream saw no request")
+	}
+	return k.seen[len(k.seen)-1], k.bodies[len(k.bodies)-1]
+}
+
+func (k *fakeKube) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.seen)
+}
+
+// kubeconfigFor writes a kubeconfig naming server (trusting its
+// certificate) with Herald's token.
+func kubeconfigFor(t *testing.T, dir, server string, caPEM []byte) string {
+	return writeFile(t, filepath.Join(dir, "upstream.kubeconfig"), []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: %q, certificate-authority: %q}
+users:
+- name: herald
+  user: {token: %q}
+contexts:
+- name: c
+  context: {cluster: c, user: herald}
+current-context: c
+`, server, writeFile(t, filepath.Join(dir, "upstream-ca.crt"), caPEM), heraldToken)))
+}
+
+func clusterServer(t *testing.T, server string, caPEM []byte, mod func(*Config)) *Server {
+	t.Helper()
+	s, _ := testServer(t, "", func(c *Config) {
+		dir := t.TempDir()
+		c.Upstream.Kubeconfig = kubeconfigFor(t, dir, server, caPEM)
+		c.Upstream.DialTimeout = time.Second
+		if mod != nil {
+			mod(c)
+		}
+	})
+	return s
+}
+
+func (k *fakeKube) caPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: k.srv.Certificate().Raw})
+}
+
+func send(s http.Handler, method, target, token string, body io.Reader, hdr map[string]string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, body)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	return rec
+}
+
+// TestUpstreamForward: what the cache does not serve goes upstream as the
+// caller, under Herald's credentials; nothing the client sent about
+// identity survives.
+func TestUpstreamForward(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	for _, tc := range []struct{ method, path string }{
+		{http.MethodPost, "/api/v1/namespaces/ns1/configmaps"},
+		{http.MethodPatch, "/apis/apps/v1/namespaces/ns1/deployments/web/scale"},
+		{http.MethodDelete, "/api/v1/namespaces/ns1/pods/p"},
+		{http.MethodGet, "/api/v1/namespaces/ns1/pods/p/log"},
+		{http.MethodGet, "/api"},
+		{http.MethodGet, "/apis"},
+		{http.MethodGet, "/version"},
+		{http.MethodGet, "/openapi/v3"},
+		{http.MethodGet, "/apis/metrics.k8s.io/v1beta1/nodes"},
+	} {
+		rec := send(s, tc.method, tc.path, tokAlice, strings.NewReader(`{"x":1}`), map[string]string{
+			"X-Remote-User": "root", "X-Remote-Group": "system:masters", "Cookie": "a=b",
+			"Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"})
+		if rec.Code != http.StatusCreated || !strings.Contains(rec.Body.String(), `"from":"upstream"`) {
+			t.Errorf("%s %s: %d %s, want the upstream's answer", tc.method, tc.path, rec.Code, rec.Body)
+			continue
+		}
+		got, body := k.last(t)
+		if got.Method != tc.method || got.URL.Path != tc.path {
+			t.Errorf("upstream saw %s %s, want %s %s", got.Method, got.URL.Path, tc.method, tc.path)
+		}
+		if got.Header.Get("Impersonate-User") != "alice" || got.Header.Get("Impersonate-Uid") != "2" ||
+			!slices.Equal(got.Header.Values("Impersonate-Group"), []string{"system:authenticated"}) {
+			t.Errorf("%s: impersonation headers %v", tc.path, got.Header)
+		}
+		if got.Header.Get("X-Remote-User") != "" || got.Header.Get("X-Remote-Group") != "" || got.Header.Get("Cookie") != "" {
+			t.Errorf("%s: client identity headers reached the upstream: %v", tc.path, got.Header)
+		}
+		if !strings.HasPrefix(got.Header.Get("Accept"), "application/json;g=apidiscovery.k8s.io;v=v2") {
+			t.Errorf("%s: Accept %q not passed through", tc.path, got.Header.Get("Accept"))
+		}
+		if tc.method != http.MethodGet && body != `{"x":1}` {
+			t.Errorf("%s: body %q", tc.path, body)
+		}
+	}
+	// Reads of cached resources are served here, not upstream.
+	n := k.count()
+	if code, b, _ := do(s, tokAdmin, "/api/v1/namespaces/ns1/pods/p"); code != http.StatusOK || strings.Contains(string(b), "upstream") {
+		t.Errorf("cached GET: %d %s", code, b)
+	}
+	if k.count() != n {
+		t.Error("a cached read went upstream")
+	}
+}
+
+// TestUpstreamBodyLimit: a body over the limit is refused before anything
+// is forwarded, with or without a Content-Length.
+func TestUpstreamBodyLimit(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), func(c *Config) { c.MaxBodyBytes = 1 << 10 })
+	big := strings.Repeat("x", 2<<10)
+	rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, strings.NewReader(big), nil)
+	if rec.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("sized body: %d %s", rec.Code, rec.Body)
+	}
+	if k.count() != 0 {
+		t.Error("an oversized body reached the upstream")
+	}
+	rec = send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, io.MultiReader(strings.NewReader(big)), nil)
+	if rec.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked body: %d %s", rec.Code, rec.Body)
+	}
+	if code, _, _ := statusOf(t, rec.Body.Bytes()); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked body: Status code %d", code)
+	}
+}
+
+// TestUpstreamUnreachable: a 503 Status within the dial timeout.
+func TestUpstreamUnreachable(t *testing.T) {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	k := newFakeKube(t)
+	s := clusterServer(t, "https://"+addr, k.caPEM(), nil)
+	start := time.Now()
+	rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, strings.NewReader("{}"), nil)
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("%d %s, want 503", rec.Code, rec.Body)
+	}
+	if code, reason, _ := statusOf(t, rec.Body.Bytes()); code != 503 || reason != "ServiceUnavailable" {
+		t.Errorf("Status %d %s", code, reason)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %s", d)
+	}
+}
+
+// TestUpstreamUpgrade: an upgraded connection (exec) is carried both ways.
+func TestUpstreamUpgrade(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	front := httptest.NewServer(s)
+	defer front.Close()
+	c, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "POST /api/v1/namespaces/ns1/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n", tokAdmin)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%d %s, want 101", resp.StatusCode, b)
+	}
+	for _, msg := range []string{"ping\n", "pong\n"} {
+		io.WriteString(c, msg)
+		line, err := br.ReadString('\n')
+		if err != nil || line != msg {
+			t.Fatalf("echo: %q %v, want %q", line, err, msg)
+		}
+	}
+	got, _ := k.last(t)
+	if got.Header.Get("Impersonate-User") != "admin" || got.Header.Get("X-Stream-Protocol-Version") == "" {
+		t.Errorf("upgrade request headers %v", got.Header)
+	}
+}
+
+// TestClusterAuthn: tokens Herald does not know are reviewed by the cluster
+// (cached), and reads served here are authorized by the cluster.
+func TestClusterAuthn(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	for _, tc := range []struct {
+		token, path string
+		code        int
+	}{
+		{"cluster-token", "/api/v1/namespaces/ns1/pods", 200},
+		{"cluster-token", "/api/v1/namespaces/ns1/pods/p", 200},
+		{"cluster-token", "/api/v1/namespaces/ns2/pods", 403},
+		{"cluster-token", "/api/v1/pods", 403},
+		{"cluster-token", "/metrics", 403},
+		{"no-such-token", "/api/v1/namespaces/ns1/pods", 401},
+		{"", "/api/v1/namespaces/ns1/pods", 401},
+		{tokBob, "/api/v1/namespaces/ns1/pods", 403}, // static token, cluster's RBAC
+		{tokAdmin, "/api/v1/pods", 200},
+	} {
+		if code, b, _ := do(s, tc.token, tc.path); code != tc.code {
+			t.Errorf("%s %s: %d, want %d: %s", tc.token, tc.path, code, tc.code, b)
+		}
+	}
+	if n := k.tokenReviews.Load(); n != 2 {
+		t.Errorf("%d TokenReviews, want 2 (one per token, then cached)", n)
+	}
+	// The reviewed user is forwarded with its uid, groups and extra.
+	send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "cluster-token", strings.NewReader("{}"), nil)
+	got, _ := k.last(t)
+	if got.Header.Get("Impersonate-User") != "carol" || got.Header.Get("Impersonate-Uid") != "c-1" ||
+		!slices.Contains(got.Header.Values("Impersonate-Group"), "devs") || got.Header.Get("Impersonate-Extra-Scopes.example.com%2Fx") != "a" {
+		t.Errorf("forwarded identity: %v", got.Header)
+	}
+}
+
+// TestClusterImpersonation: kubectl --as is authorized by the cluster for
+// the caller, then the request runs as the impersonated user, here and
+// upstream.
+func TestClusterImpersonation(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	as := func(who string) map[string]string { return map[string]string{"Impersonate-User": who} }
+	if rec := send(s, http.MethodGet, "/api/v1/pods", "cluster-token", nil, as("dave")); rec.Code != 200 {
+		t.Errorf("carol as dave lists pods: %d %s", rec.Code, rec.Body)
+	}
+	if rec := send(s, http.MethodGet, "/api/v1/namespaces/ns1/pods/p", "cluster-token", nil, as("dave")); rec.Code != 403 {
+		t.Errorf("carol as dave gets a pod (dave may not): %d %s", rec.Code, rec.Body)
+	}
+	n := k.count()
+	if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "cluster-token", strings.NewReader("{}"), as("root")); rec.Code != 403 {
+		t.Errorf("carol as root: %d %s", rec.Code, rec.Body)
+	}
+	if k.count() != n {
+		t.Error("a refused impersonation was forwarded")
+	}
+	if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "cluster-token", strings.NewReader("{}"), as("dave")); rec.Code != 201 {
+		t.Fatalf("carol as dave writes: %d %s", rec.Code, rec.Body)
+	}
+	got, _ := k.last(t)
+	if got.Header.Get("Impersonate-User") != "dave" || !slices.Equal(got.Header.Values("Impersonate-Group"), []string{"system:authenticated"}) || got.Header.Get("Impersonate-Uid") != "" {
+		t.Errorf("forwarded as %v", got.Header)
+	}
+}
+
+// TestUpstreamServers: several upstream addresses share the requests; one
+// that is down answers 503 once and is then avoided until /readyz says it
+// is back.
+func TestUpstreamServers(t *testing.T) {
+	a, b := newFakeKube(t), newFakeKube(t)
+	// Both fakes use httptest's one certificate: one CA file trusts both.
+	s := clusterServer(t, a.srv.URL, a.caPEM(), func(c *Config) {
+		c.Upstream.Servers = a.srv.URL + "," + b.srv.URL
+		c.Upstream.HealthInterval = 20 * time.Millisecond
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	for range 10 {
+		if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, strings.NewReader("{}"), nil); rec.Code != 201 {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+	}
+	if a.count() == 0 || b.count() == 0 {
+		t.Fatalf("requests not spread: %d and %d", a.count(), b.count())
+	}
+	b.srv.Close()
+	failed := 0
+	for range 10 {
+		if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, strings.NewReader("{}"), nil); rec.Code == 503 {
+			failed++
+		} else if rec.Code != 201 {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+	}
+	if failed > 1 {
+		t.Errorf("%d requests failed after one upstream went away; want at most the first", failed)
+	}
+}
+
+// TestUpstreamResponseTimeout: an upstream that never answers gives the
+// client a 504 Status, not a hang.
+func TestUpstreamResponseTimeout(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), func(c *Config) { c.Upstream.ResponseTimeout = 200 * time.Millisecond })
+	rec := send(s, http.MethodGet, "/slow", tokAdmin, nil, nil)
+	if code, reason, _ := statusOf(t, rec.Body.Bytes()); rec.Code != http.StatusGatewayTimeout || code != 504 || reason != "Timeout" {
+		t.Errorf("%d %s", rec.Code, rec.Body)
+	}
+}
