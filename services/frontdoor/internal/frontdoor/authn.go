@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
@@ -20,6 +21,9 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/websocket"
+	"k8s.io/apiserver/pkg/authentication/user"
 
 	"herald.dev/libs/service"
 )
@@ -95,6 +99,34 @@ func (a *authenticator) authenticate(r *http.Request) (*User, error) {
 		return &User{Name: userAnonymous, Groups: []string{groupUnauthenticated}, Method: "anonymous"}, nil
 	}
 	return nil, errNoCredentials
+}
+
+// websocketBearer moves a bearer token sent as a WebSocket subprotocol
+// ("base64url.bearer.authorization.k8s.io.<base64url token>": browsers
+// cannot set Authorization on a WebSocket, and kubectl's and client-go's
+// WebSocket clients may use it too) into the request's Authorization
+// header, where the authenticators check it like any other, and removes it
+// from Sec-WebSocket-Protocol so that it is never forwarded. Parsing and
+// the rules (one token, another subprotocol present to be echoed back) are
+// kube-apiserver's own protocol authenticator's. An Authorization header
+// the client sent wins, as in kube-apiserver, and the subprotocol is
+// removed all the same.
+func websocketBearer(r *http.Request) error {
+	if r.Header.Get("Sec-WebSocket-Protocol") == "" {
+		return nil
+	}
+	var tok string
+	capture := k8sauthn.TokenFunc(func(_ context.Context, t string) (*k8sauthn.Response, bool, error) {
+		tok = t
+		return &k8sauthn.Response{User: &user.DefaultInfo{}}, true, nil
+	})
+	if _, _, err := websocket.NewProtocolAuthenticator(capture).AuthenticateRequest(r); err != nil {
+		return fmt.Errorf("websocket: %w", err)
+	}
+	if tok != "" && r.Header.Get("Authorization") == "" {
+		r.Header.Set("Authorization", "Bearer "+tok)
+	}
+	return nil
 }
 
 func finish(u *User) *User {

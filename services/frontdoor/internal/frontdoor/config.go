@@ -122,6 +122,19 @@ func (c *Config) Validate() error {
 	if c.TokenFile == "" && c.ClientCAFile == "" && c.SAKeyFiles == "" && !c.AnonymousAuth && !c.Upstream.enabled() {
 		errs = append(errs, errors.New("no authenticator: set token-auth-file, client-ca-file, service-account-key-file or upstream.kubeconfig (anonymous access is off)"))
 	}
+	if c.Upstream.enabled() {
+		// In front of a cluster every identity and every decision is the
+		// cluster's. A static token here would be forwarded upstream by
+		// impersonation (a dev admin token would act as system:masters in
+		// the cluster), a service-account token verified by key alone would
+		// outlive its Pod, Secret or ServiceAccount, and local RBAC would
+		// be silently ignored.
+		for flag, v := range map[string]string{"token-auth-file": c.TokenFile, "service-account-key-file": c.SAKeyFiles, "authorization.rbac-dir": c.AuthorizationDir} {
+			if v != "" {
+				errs = append(errs, fmt.Errorf("%s cannot be used with upstream.kubeconfig: in cluster mode callers are authenticated (TokenReview, client-ca-file) and authorized (SubjectAccessReview) by the cluster only", flag))
+			}
+		}
+	}
 	if c.SAKeyFiles != "" && len(service.SplitList(c.SAIssuers)) == 0 {
 		errs = append(errs, errors.New("service-account-issuer is required with service-account-key-file"))
 	}

@@ -24,3 +24,20 @@ func TestRefusesFanoutTLSOverHTTP(t *testing.T) {
 		}
 	}
 }
+
+// In cluster mode identities and decisions are the cluster's: local tokens,
+// service-account keys and RBAC are refused at start, not silently used (a
+// static admin token would be forwarded as system:masters).
+func TestClusterModeRefusesLocalIdentities(t *testing.T) {
+	const base = "--tls.cert-file=c --tls.key-file=k --upstream.kubeconfig=kc "
+	for args, want := range map[string]string{ // "": starts
+		"--client-ca-file=ca":          "",
+		"--token-auth-file=t":          "token-auth-file cannot be used with upstream.kubeconfig",
+		"--service-account-key-file=k": "service-account-key-file cannot be used with upstream.kubeconfig",
+		"--authorization.rbac-dir=d":   "authorization.rbac-dir cannot be used with upstream.kubeconfig",
+	} {
+		if _, err := service.Configure("frontdoor", &Config{}, strings.Fields(base+args)); (err == nil) != (want == "") || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", args, err, want)
+		}
+	}
+}

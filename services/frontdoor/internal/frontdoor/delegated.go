@@ -122,7 +122,7 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 	}
 	resp, ok, rerr := c.tokens.AuthenticateToken(r.Context(), tok)
 	if rerr != nil {
-		return nil, fmt.Errorf("token review: %w", rerr)
+		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
 	}
 	if !ok || resp.User == nil {
 		return nil, errors.New("token review: token not accepted by the cluster")
@@ -130,6 +130,11 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 	info := resp.User
 	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "tokenreview"}, nil
 }
+
+// errReviewFailed: the cluster could not be asked about a token (it is
+// unreachable or failing). The client gets 503, as for any request the
+// upstream cannot answer, not a 401 that would say its credentials are bad.
+var errReviewFailed = errors.New("token review failed")
 
 func bearerToken(h string) (string, bool) {
 	scheme, tok, found := strings.Cut(h, " ")
@@ -209,12 +214,24 @@ func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bo
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode
-// also by TokenReview.
+// also by TokenReview, after which a token bound to a pod is refused once
+// the pod is gone (bound.go). A bearer token may come as a WebSocket
+// subprotocol (websocketBearer).
 func (s *Server) authenticate(r *http.Request) (*User, error) {
-	if s.cluster != nil {
-		return s.cluster.authenticate(r, s.authn)
+	if err := websocketBearer(r); err != nil {
+		return nil, err
 	}
-	return s.authn.authenticate(r)
+	if s.cluster == nil {
+		return s.authn.authenticate(r)
+	}
+	u, err := s.cluster.authenticate(r, s.authn)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkBoundPod(r.Context(), u); err != nil {
+		return nil, err
+	}
+	return u, nil
 }
 
 // clusterRoute is cluster mode's routing decision for an authenticated

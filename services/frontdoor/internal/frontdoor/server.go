@@ -380,6 +380,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err == errNoCredentials {
 			creds = "none"
 		}
+		if errors.Is(err, errReviewFailed) {
+			kube.WriteStatus(rec, errUnavailable("the cluster could not authenticate the request: its TokenReview failed"))
+			return
+		}
 		s.m.authnFailures.WithLabelValues(creds).Inc()
 		kube.WriteStatus(rec, errUnauthorized())
 		return

@@ -3,6 +3,7 @@ package frontdoor
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -59,9 +60,8 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 		k.tokenReviews.Add(1)
 		var tr authenticationv1.TokenReview
 		json.NewDecoder(r.Body).Decode(&tr)
-		if tr.Spec.Token == "cluster-token" {
-			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{
-				Username: "carol", UID: "c-1", Groups: []string{"devs", "system:authenticated"}, Extra: map[string]authenticationv1.ExtraValue{"scopes.example.com/x": {"a"}}}}
+		if u, ok := clusterUsers[tr.Spec.Token]; ok {
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u}
 		}
 		json.NewEncoder(w).Encode(tr)
 		return
@@ -91,6 +91,15 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"from":"upstream","path":%q}`, r.URL.Path)
+}
+
+// clusterUsers are the tokens the fake cluster's TokenReview accepts: the
+// standalone tests' users (helpers_test.go) and carol, who has extras.
+var clusterUsers = map[string]authenticationv1.UserInfo{
+	"cluster-token": {Username: "carol", UID: "c-1", Groups: []string{"devs", "system:authenticated"}, Extra: map[string]authenticationv1.ExtraValue{"scopes.example.com/x": {"a"}}},
+	tokAdmin:        {Username: "admin", UID: "1", Groups: []string{"system:masters", "system:authenticated"}},
+	tokAlice:        {Username: "alice", UID: "2", Groups: []string{"system:authenticated"}},
+	tokBob:          {Username: "bob", UID: "3", Groups: []string{"system:authenticated"}},
 }
 
 // fakePolicy: carol reads pods in ns1 and may impersonate dave; admin
@@ -153,6 +162,8 @@ func clusterServer(t *testing.T, server string, caPEM []byte, mod func(*Config))
 		dir := t.TempDir()
 		c.Upstream.Kubeconfig = kubeconfigFor(t, dir, server, caPEM)
 		c.Upstream.DialTimeout = time.Second
+		// Identities and decisions are the cluster's only.
+		c.TokenFile, c.AuthorizationDir = "", ""
 		if mod != nil {
 			mod(c)
 		}
@@ -306,6 +317,47 @@ func TestUpstreamUpgrade(t *testing.T) {
 	}
 }
 
+// TestWebSocketBearerProtocol: a WebSocket client may send its token as the
+// subprotocol base64url.bearer.authorization.k8s.io.<token> (no
+// Authorization header): frontdoor authenticates it and removes it before
+// forwarding; malformed or unknown ones are a 401.
+func TestWebSocketBearerProtocol(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	ws := func(protocols string) *httptest.ResponseRecorder {
+		return send(s, http.MethodGet, "/api/v1/namespaces/ns1/pods/p/exec?command=sh", "", nil, map[string]string{
+			"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+			"Sec-WebSocket-Protocol": protocols})
+	}
+	bearer := func(tok string) string {
+		return "base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte(tok))
+	}
+	n := k.count()
+	// httptest's recorder cannot be hijacked: the forwarded request is
+	// what this test checks, not the echo.
+	ws("v5.channel.k8s.io, " + bearer("cluster-token"))
+	if k.count() != n+1 {
+		t.Fatal("the WebSocket request was not forwarded")
+	}
+	got, _ := k.last(t)
+	if got.Header.Get("Impersonate-User") != "carol" || got.Header.Get("Sec-WebSocket-Protocol") != "v5.channel.k8s.io" {
+		t.Errorf("forwarded: user %q, protocols %q", got.Header.Get("Impersonate-User"), got.Header.Values("Sec-WebSocket-Protocol"))
+	}
+	for name, protocols := range map[string]string{
+		"unknown token":        "v5.channel.k8s.io, " + bearer("no-such-token"),
+		"no other subprotocol": bearer("cluster-token"),
+		"two tokens":           "v5.channel.k8s.io, " + bearer("cluster-token") + ", " + bearer("cluster-token"),
+		"not base64url":        "v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.%%%",
+	} {
+		if rec := ws(protocols); rec.Code != http.StatusUnauthorized {
+			t.Errorf("%s: %d %s, want 401", name, rec.Code, rec.Body)
+		}
+	}
+	if k.count() != n+1 {
+		t.Error("a refused WebSocket request reached the upstream")
+	}
+}
+
 // TestClusterAuthn: tokens Herald does not know are reviewed by the cluster
 // (cached), and reads served here are authorized by the cluster.
 func TestClusterAuthn(t *testing.T) {
@@ -322,15 +374,15 @@ func TestClusterAuthn(t *testing.T) {
 		{"cluster-token", "/metrics", 403},
 		{"no-such-token", "/api/v1/namespaces/ns1/pods", 401},
 		{"", "/api/v1/namespaces/ns1/pods", 401},
-		{tokBob, "/api/v1/namespaces/ns1/pods", 403}, // static token, cluster's RBAC
+		{tokBob, "/api/v1/namespaces/ns1/pods", 403}, // the cluster's RBAC
 		{tokAdmin, "/api/v1/pods", 200},
 	} {
 		if code, b, _ := do(s, tc.token, tc.path); code != tc.code {
 			t.Errorf("%s %s: %d, want %d: %s", tc.token, tc.path, code, tc.code, b)
 		}
 	}
-	if n := k.tokenReviews.Load(); n != 2 {
-		t.Errorf("%d TokenReviews, want 2 (one per token, then cached)", n)
+	if n := k.tokenReviews.Load(); n != 4 {
+		t.Errorf("%d TokenReviews, want 4 (one per token, then cached)", n)
 	}
 	// The reviewed user is forwarded with its uid, groups and extra.
 	send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "cluster-token", strings.NewReader("{}"), nil)
