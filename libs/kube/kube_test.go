@@ -27,7 +27,9 @@ func TestParseKey(t *testing.T) {
 		{"/registry/minions/node-7", "nodes", "", "node-7", true},
 		{"/registry/services/specs/default/web", "services", "default", "web", true},
 		{"/registry/services/endpoints/default/web", "endpoints", "default", "web", true},
-		{"/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", "customresourcedefinitions.apiextensions.k8s.io", "", "widgets.example.com", true},
+		{"/registry/apiregistration.k8s.io/apiservices/v1.example.com", "apiservices.apiregistration.k8s.io", "", "v1.example.com", true},
+		// Stored as v1beta1, served as v1: not cached (no conversion).
+		{"/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", "", "", "", false},
 		{"/registry/nodes/node-7", "", "", "", false},
 		{"/registry/services/default/web", "", "", "", false},
 		{"/registry/deployments/kube-system/dns", "deployments.apps", "kube-system", "dns", true},

@@ -129,8 +129,13 @@ func builtin() []*Resource {
 
 		// Served by kube-apiserver's apiextensions and aggregator servers;
 		// their storage keys carry the group.
+		// CRDs are still stored as v1beta1 (kube-apiserver's
+		// pkg/controlplane/apiserver/apiextensions.go), so they need a
+		// conversion and are not served from the cache (cluster mode
+		// forwards their reads to kube-apiserver).
 		mk("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", cluster,
-			short("crd", "crds"), ext, key("apiextensions.k8s.io/customresourcedefinitions")),
+			short("crd", "crds"), ext, key("apiextensions.k8s.io/customresourcedefinitions"),
+			stored("apiextensions.k8s.io", "v1beta1", "CustomResourceDefinition")),
 		mk("apiregistration.k8s.io/v1", "apiservices", "APIService", cluster, ext,
 			key("apiregistration.k8s.io/apiservices")),
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -54,10 +55,14 @@ func NewCodec(enc *Encryption) (*Codec, error) {
 	if err := metav1.AddMetaToScheme(s); err != nil {
 		return nil, fmt.Errorf("building scheme: %w", err)
 	}
-	// The kinds of kube-apiserver's two other servers: CRDs (Herald learns
-	// custom resources from them) and APIServices. Only the served
-	// version is registered: the internal ones stay out of the scheme.
+	// The kinds of kube-apiserver's two other servers: CRDs and
+	// APIServices. Only versioned types are registered (the served one,
+	// and v1beta1 CRDs, as kube-apiserver stores them): the internal ones
+	// stay out of the scheme.
 	if err := apiextensionsv1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("building scheme: %w", err)
+	}
+	if err := apiextensionsv1beta1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("building scheme: %w", err)
 	}
 	if err := apiregistrationv1.AddToScheme(s); err != nil {

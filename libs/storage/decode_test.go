@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -96,13 +96,14 @@ func samples() []sample {
 		{gvr("coordination.k8s.io", "v1", "leases"), &coordinationv1.Lease{ObjectMeta: meta, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("me")}}},
 		{gvr("rbac.authorization.k8s.io", "v1", "rolebindings"), &rbacv1.RoleBinding{ObjectMeta: meta,
 			RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "r"}}},
-		{gvr("apiextensions.k8s.io", "v1", "customresourcedefinitions"), &apiextensionsv1.CustomResourceDefinition{
+		// Stored as v1beta1 (served as v1 by kube-apiserver only).
+		{gvr("apiextensions.k8s.io", "v1", "customresourcedefinitions"), &apiextensionsv1beta1.CustomResourceDefinition{
 			ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.com", Labels: map[string]string{"k": "v"}},
-			Spec: apiextensionsv1.CustomResourceDefinitionSpec{Group: "example.com", Scope: apiextensionsv1.NamespaceScoped,
-				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Kind: "Widget"},
-				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
-					Schema:           &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object"}},
-					SelectableFields: []apiextensionsv1.SelectableField{{JSONPath: ".spec.color"}}}}}}},
+			Spec: apiextensionsv1beta1.CustomResourceDefinitionSpec{Group: "example.com", Scope: apiextensionsv1beta1.NamespaceScoped,
+				Names: apiextensionsv1beta1.CustomResourceDefinitionNames{Plural: "widgets", Kind: "Widget"},
+				Versions: []apiextensionsv1beta1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+					Schema:           &apiextensionsv1beta1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1beta1.JSONSchemaProps{Type: "object"}},
+					SelectableFields: []apiextensionsv1beta1.SelectableField{{JSONPath: ".spec.color"}}}}}}},
 		{gvr("apiregistration.k8s.io", "v1", "apiservices"), &apiregistrationv1.APIService{
 			ObjectMeta: metav1.ObjectMeta{Name: "v1.example.com", Labels: map[string]string{"k": "v"}},
 			Spec:       apiregistrationv1.APIServiceSpec{Group: "example.com", Version: "v1", GroupPriorityMinimum: 1000, VersionPriority: 15}}},

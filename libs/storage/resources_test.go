@@ -69,7 +69,7 @@ func TestBuiltinTableKnownFacts(t *testing.T) {
 		{gvr: gvr("rbac.authorization.k8s.io", "v1", "rolebindings"), key: "rolebindings", kind: "RoleBinding",
 			storage: schema.GroupVersionKind{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}, namespaced: true},
 		{gvr: gvr("apiextensions.k8s.io", "v1", "customresourcedefinitions"), key: "apiextensions.k8s.io/customresourcedefinitions",
-			kind: "CustomResourceDefinition", storage: schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"},
+			kind: "CustomResourceDefinition", storage: schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1beta1", Kind: "CustomResourceDefinition"},
 			short: []string{"crd", "crds"}, categories: []string{"api-extensions"}},
 		{gvr: gvr("resource.k8s.io", "v1", "resourceslices"), key: "resourceslices", kind: "ResourceSlice",
 			storage: schema.GroupVersionKind{Group: "resource.k8s.io", Version: "v1", Kind: "ResourceSlice"},
