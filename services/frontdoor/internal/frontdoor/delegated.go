@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -121,8 +123,13 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 		return u, err
 	}
 	resp, ok, rerr := c.tokens.AuthenticateToken(r.Context(), tok)
-	if rerr != nil {
+	if rerr != nil && reviewUnavailable(rerr) {
 		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
+	}
+	if rerr != nil {
+		// The cluster's reason for refusing the token (TokenReview's
+		// status.error): for the audit line, never the client.
+		return nil, fmt.Errorf("token review: %w", rerr)
 	}
 	if !ok || resp.User == nil {
 		return nil, errors.New("token review: token not accepted by the cluster")
@@ -135,6 +142,18 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 // unreachable or failing). The client gets 503, as for any request the
 // upstream cannot answer, not a 401 that would say its credentials are bad.
 var errReviewFailed = errors.New("token review failed")
+
+// reviewUnavailable tells an error of the TokenReview request (transport,
+// timeout, an error Status from the API) from the cluster's answer that the
+// token is not valid, which the webhook authenticator also returns as an
+// error (a plain one, with TokenReview's status.error).
+func reviewUnavailable(err error) bool {
+	var api apierrors.APIStatus
+	var uerr *url.Error
+	var nerr net.Error
+	return errors.As(err, &api) || errors.As(err, &uerr) || errors.As(err, &nerr) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
 
 func bearerToken(h string) (string, bool) {
 	scheme, tok, found := strings.Cut(h, " ")

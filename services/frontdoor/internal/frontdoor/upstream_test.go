@@ -62,6 +62,10 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 		json.NewDecoder(r.Body).Decode(&tr)
 		if u, ok := clusterUsers[tr.Spec.Token]; ok {
 			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u}
+		} else {
+			// kube-apiserver says why (the webhook authenticator turns
+			// this into an error: still a 401, not a failed review).
+			tr.Status.Error = "[invalid bearer token, token lookup failed]"
 		}
 		json.NewEncoder(w).Encode(tr)
 		return
