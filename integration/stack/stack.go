@@ -69,6 +69,9 @@ type Options struct {
 	Logs io.Writer
 	// Cluster mode: an existing cluster's etcd instead of the embedded one.
 	Cluster ClusterEtcd
+	// Upstream puts frontdoor in front of a cluster's kube-apiserver
+	// (upstream.go); empty Kubeconfig: frontdoor serves alone.
+	Upstream Upstream
 }
 
 // ClusterEtcd is the etcd of an existing cluster (kube-apiserver's
@@ -229,11 +232,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			"--cache.shards=" + shardMap, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
 		}, append(fanoutServerTLS, opts.Flags["fanout"]...)...)})
 	}
-	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append([]string{
+	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append(append([]string{
 		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.shards=" + shardMap,
 		"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
-		"--token-auth-file=" + tokenFile,
-	}, append(frontTLS, opts.Flags["frontdoor"]...)...)})
+	}, opts.Upstream.flags(tokenFile)...), append(frontTLS, opts.Flags["frontdoor"]...)...)})
 	s.FrontdoorURL = "https://" + front
 
 	for _, p := range s.procs {
@@ -247,7 +249,12 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}
 	s.Kubeconfig = filepath.Join(opts.Dir, "kubeconfig")
-	if err := os.WriteFile(s.Kubeconfig, s.kubeconfig(), 0o600); err != nil {
+	if opts.Upstream.Kubeconfig != "" {
+		err = s.writeUpstreamKubeconfig()
+	} else {
+		err = os.WriteFile(s.Kubeconfig, s.kubeconfig(), 0o600)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := s.writeStackJSON(); err != nil {

@@ -12,7 +12,11 @@
 // kube-apiserver (cluster mode): everything it does not serve from the
 // cache goes there as the caller, and callers are authenticated and
 // authorized by the cluster. The kubeconfig's credentials are Herald's own
-// (they need the ClusterRole of deploy/k8s/overlays/cluster).
+// (they need the ClusterRole of deploy/k8s/overlays/cluster). Frontdoor then
+// knows no token of its own: <dir>/kubeconfig uses the current user of
+// HERALD_UPSTREAM_USER=<kubeconfig> (default: HERALD_UPSTREAM's), a user of
+// the cluster, with Herald's address; HERALD_UPSTREAM_CLIENT_CA=<file> (the
+// cluster's client CA) lets client certificates authenticate too.
 package main
 
 import (
@@ -69,6 +73,35 @@ func clusterFromEnv() (stack.ClusterEtcd, error) {
 	return c, nil
 }
 
+// upstreamFromEnv reads cluster mode's kube-apiserver settings (absolute
+// paths, checked to exist).
+func upstreamFromEnv() (stack.Upstream, error) {
+	var u stack.Upstream
+	for _, f := range []struct {
+		env  string
+		dest *string
+	}{
+		{"HERALD_UPSTREAM", &u.Kubeconfig}, {"HERALD_UPSTREAM_USER", &u.UserKubeconfig}, {"HERALD_UPSTREAM_CLIENT_CA", &u.ClientCAFile},
+	} {
+		v := os.Getenv(f.env)
+		if v == "" {
+			continue
+		}
+		if f.env != "HERALD_UPSTREAM" && os.Getenv("HERALD_UPSTREAM") == "" {
+			return u, fmt.Errorf("%s needs HERALD_UPSTREAM", f.env)
+		}
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			return u, fmt.Errorf("%s: %w", f.env, err)
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return u, fmt.Errorf("%s: %w", f.env, err)
+		}
+		*f.dest = abs
+	}
+	return u, nil
+}
+
 func run(dir, bin string, fanouts int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -86,14 +119,12 @@ func run(dir, bin string, fanouts int) error {
 			}
 		}
 	}
-	flags := map[string][]string{}
-	if up := os.Getenv("HERALD_UPSTREAM"); up != "" {
-		abs, err := filepath.Abs(up)
-		if err != nil {
-			return err
-		}
-		flags["frontdoor"] = append(flags["frontdoor"], "--upstream.kubeconfig="+abs)
-		fmt.Println("cluster mode: frontdoor forwards to the kube-apiserver of", abs)
+	upstream, err := upstreamFromEnv()
+	if err != nil {
+		return err
+	}
+	if upstream.Kubeconfig != "" {
+		fmt.Println("cluster mode: frontdoor forwards to the kube-apiserver of", upstream.Kubeconfig)
 	}
 	start := time.Now()
 	s, err := stack.Start(ctx, stack.Options{
@@ -105,7 +136,7 @@ func run(dir, bin string, fanouts int) error {
 		FrontdoorAddr: "127.0.0.1:6443",
 		InternalPorts: []int{9000, 7100, 9100, 7200, 9200, 9300},
 		Fanouts:       fanouts,
-		Flags:         flags,
+		Upstream:      upstream,
 	})
 	if err != nil {
 		return err
