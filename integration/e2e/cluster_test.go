@@ -92,6 +92,8 @@ func startCluster(t *testing.T) *clusterEnv {
 		"--service-account-key-file="+e.PKI.KeyFile, "--service-account-signing-key-file="+e.PKI.KeyFile,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--endpoint-reconciler-type=none",
+		// The streaming test's kubelet serves with the stack's certificate.
+		"--kubelet-certificate-authority="+e.PKI.CAFile, "--kubelet-preferred-address-types=InternalIP",
 		"--v=0",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -141,8 +143,17 @@ func startCluster(t *testing.T) *clusterEnv {
 	root, _ := stack.RepoRoot()
 	c.kubectlAs(t, ctx, c.kubeCfg["admin"], "apply", "-f", filepath.Join(root, "deploy/k8s/overlays/cluster/upstream-rbac.yaml"))
 	c.kubectlAs(t, ctx, c.kubeCfg["admin"], "create", "clusterrolebinding", "herald-test-upstream", "--clusterrole=herald-upstream", "--user=herald")
+	// In cluster mode identities are the cluster's only: the stack's static
+	// token file goes (its admin token is known to kube-apiserver, and is
+	// reviewed there like any other).
 	fd := e.Proc("frontdoor-0")
-	fd.Args = append(fd.Args, "--upstream.kubeconfig="+c.kubeCfg["herald"], "--client-ca-file="+e.PKI.CAFile)
+	var args []string
+	for _, a := range fd.Args {
+		if !strings.HasPrefix(a, "--token-auth-file=") {
+			args = append(args, a)
+		}
+	}
+	fd.Args = append(args, "--upstream.kubeconfig="+c.kubeCfg["herald"], "--client-ca-file="+e.PKI.CAFile)
 	if err := fd.Restart(false); err != nil {
 		t.Fatal(err)
 	}
@@ -528,6 +539,12 @@ func TestClusterMode(t *testing.T) {
 			t.Errorf("kubectl exec: Herald %v %q, kube-apiserver %v %q", herr, via, derr, direct)
 		}
 	})
+
+	t.Run("crd-custom-resource", func(t *testing.T) { testCustomResources(t, ctx, c) })
+	t.Run("controller", func(t *testing.T) { testController(t, ctx, c) })
+	t.Run("streaming", func(t *testing.T) { testStreaming(t, ctx, c) })
+	t.Run("bound-token", func(t *testing.T) { testBoundToken(t, ctx, c) })
+	t.Run("local-identities-refused", func(t *testing.T) { testLocalIdentitiesRefused(t, ctx, c) })
 
 	// Bodies over kube-apiserver's limit are refused before forwarding.
 	t.Run("body-limit", func(t *testing.T) {

@@ -1,0 +1,378 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Clients of cluster mode beyond kubectl's built-in kinds (TestClusterMode's
+// subtests): a CRD and its custom resources, a client-go controller, tokens
+// bound to a pod, and frontdoor's refusal of local identities.
+
+const widgetCRD = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, shortNames: [wd]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: string}
+`
+
+const widget = `
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: w1, namespace: demo}
+spec: {size: large}
+`
+
+// testCustomResources: kubectl applies a CRD through Herald, waits for it to
+// be established (a watch of CRDs, which Herald serves), finds the new kind
+// once discovery has it (discovery is the cluster's), then applies, gets,
+// lists, watches, patches and deletes a custom resource, all through Herald
+// (custom resources are not in Herald's registry: they pass through).
+func testCustomResources(t *testing.T, ctx context.Context, c *clusterEnv) {
+	admin := c.heraldCfg["admin"]
+	crd, cr := filepath.Join(c.dir, "crd.yaml"), filepath.Join(c.dir, "widget.yaml")
+	os.WriteFile(crd, []byte(widgetCRD), 0o600)
+	os.WriteFile(cr, []byte(widget), 0o600)
+	if out := c.kubectlAs(t, ctx, admin, "apply", "-f", crd); !strings.Contains(out, "widgets.example.com created") {
+		t.Fatalf("apply CRD: %s", out)
+	}
+	// kube-apiserver stores CRDs as v1beta1: Herald does not convert them
+	// and forwards their reads (it must not answer 404 from its cache).
+	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodGet, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com", ""); code != 200 {
+		t.Fatalf("GET the CRD just applied: %d %s", code, clip(body))
+	}
+	c.kubectlAs(t, ctx, admin, "wait", "--for=condition=Established", "--timeout=60s", "crd/widgets.example.com")
+	// Established is set before the aggregated discovery document lists the
+	// new kind: poll until kubectl (which refreshes its discovery cache on
+	// an unknown kind) resolves it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := c.kubectlTry(ctx, admin, "-n", "demo", "get", "widgets")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl does not find widgets 30 s after the CRD is established: %s", out)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if out := c.kubectlAs(t, ctx, admin, "apply", "-f", cr); !strings.Contains(out, "widget.example.com/w1 created") {
+		t.Fatalf("apply widget: %s", out)
+	}
+	if out := c.kubectlAs(t, ctx, admin, "-n", "demo", "get", "wd", "w1", "-o", "jsonpath={.spec.size}"); out != "large" {
+		t.Errorf("get widget: size %q, want large", out)
+	}
+	direct := c.kubectlAs(t, ctx, c.kubeCfg["admin"], "api-resources", "--api-group=example.com")
+	if via := c.kubectlAs(t, ctx, admin, "api-resources", "--api-group=example.com"); via != direct || !strings.Contains(via, "Widget") {
+		t.Errorf("api-resources --api-group=example.com: Herald\n%s\nkube-apiserver\n%s", via, direct)
+	}
+
+	code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodGet, "/apis/example.com/v1/namespaces/demo/widgets", "")
+	var list objMeta
+	if json.Unmarshal([]byte(body), &list); code != 200 || list.Kind != "WidgetList" || !strings.Contains(body, `"name":"w1"`) {
+		t.Fatalf("list widgets: %d %s", code, clip(body))
+	}
+	_, evs := c.openWatch(t, ctx, "/apis/example.com/v1/namespaces/demo/widgets?watch=true&resourceVersion="+list.Metadata.ResourceVersion)
+	c.kubectlAs(t, ctx, admin, "-n", "demo", "patch", "widget", "w1", "--type=merge", "-p", `{"spec":{"size":"small"}}`)
+	c.kubectlAs(t, ctx, admin, "-n", "demo", "delete", "widget", "w1")
+	var seen []string
+	for len(seen) < 2 {
+		select {
+		case ev, ok := <-evs:
+			if !ok {
+				t.Fatalf("the widget watch ended after %v", seen)
+			}
+			var o struct {
+				Spec struct{ Size string } `json:"spec"`
+			}
+			json.Unmarshal(ev.Object, &o)
+			seen = append(seen, ev.Type+" "+o.Spec.Size)
+		case <-ctx.Done():
+			t.Fatalf("widget watch: saw %v, want the patch and the delete", seen)
+		}
+	}
+	if want := "[MODIFIED small DELETED small]"; fmt.Sprint(seen) != want {
+		t.Errorf("widget watch through Herald: %v, want %s", seen, want)
+	}
+	if code, _ := c.call(ctx, c.kubeURL, c.Token, http.MethodGet, "/apis/example.com/v1/namespaces/demo/widgets/w1", ""); code != 404 {
+		t.Errorf("deleted widget: kube-apiserver answers %d", code)
+	}
+}
+
+// testController runs an ordinary client-go controller against Herald: a
+// shared informer on ConfigMaps, a rate-limited work queue, and updates
+// with retry.RetryOnConflict. It copies each ConfigMap's label "source"
+// into its annotation "copied" while another writer changes the labels and
+// data of the same objects concurrently. Both sides meet conflicts (the
+// writer's first round deliberately writes from copies read before the
+// controller's updates, so at least one per object); in the end every object
+// holds the writer's last values and the controller's copy of them:
+// nothing lost.
+func testController(t *testing.T, ctx context.Context, c *clusterEnv) {
+	const ns, objects, rounds = "ctl", 20, 3
+	client := func(kubeconfig string) *kubernetes.Clientset {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.QPS, cfg.Burst = 200, 400
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	cs, direct := client(c.heraldCfg["admin"]), client(c.kubeCfg["admin"])
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stale := make([]*corev1.ConfigMap, objects)
+	for i := range objects {
+		cm, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%02d", i), Labels: map[string]string{"source": "v0"}},
+			Data:       map[string]string{"round": "0"},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale[i] = cm
+	}
+
+	// The controller, as any would be written.
+	var ctlConflicts, ctlUpdates atomic.Int64
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
+	cms := factory.Core().V1().ConfigMaps()
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	enqueue := func(o any) {
+		if key, err := cache.MetaNamespaceKeyFunc(o); err == nil {
+			queue.Add(key)
+		}
+	}
+	cms.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }})
+	sync := func(key string) error {
+		namespace, name, _ := cache.SplitMetaNamespaceKey(key)
+		fromLister := true
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var cm *corev1.ConfigMap
+			var err error
+			if fromLister {
+				cm, err = cms.Lister().ConfigMaps(namespace).Get(name)
+				fromLister = false
+			} else {
+				cm, err = cs.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+			}
+			if apierrors.IsNotFound(err) {
+				return nil
+			} else if err != nil {
+				return err
+			}
+			if cm.Annotations["copied"] == cm.Labels["source"] {
+				return nil
+			}
+			cm = cm.DeepCopy()
+			if cm.Annotations == nil {
+				cm.Annotations = map[string]string{}
+			}
+			cm.Annotations["copied"] = cm.Labels["source"]
+			_, err = cs.CoreV1().ConfigMaps(namespace).Update(ctx, cm, metav1.UpdateOptions{})
+			if apierrors.IsConflict(err) {
+				ctlConflicts.Add(1)
+			} else if err == nil {
+				ctlUpdates.Add(1)
+			}
+			return err
+		})
+	}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer queue.ShutDown()
+	factory.Start(cctx.Done())
+	if !cache.WaitForCacheSync(cctx.Done(), cms.Informer().HasSynced) {
+		t.Fatal("the informer never synced through Herald")
+	}
+	for range 2 {
+		go func() {
+			for {
+				key, quit := queue.Get()
+				if quit {
+					return
+				}
+				if err := sync(key); err != nil {
+					queue.AddRateLimited(key)
+				} else {
+					queue.Forget(key)
+				}
+				queue.Done(key)
+			}
+		}()
+	}
+
+	converged := func(round int) (bool, string) {
+		l, err := direct.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != objects {
+			return false, fmt.Sprintf("list: %v (%d objects)", err, len(l.Items))
+		}
+		want := fmt.Sprintf("v%d", round)
+		for _, cm := range l.Items {
+			if cm.Labels["source"] != want || cm.Annotations["copied"] != want || cm.Data["round"] != fmt.Sprint(round) {
+				return false, fmt.Sprintf("%s: source %q copied %q round %q, want %s", cm.Name, cm.Labels["source"], cm.Annotations["copied"], cm.Data["round"], want)
+			}
+		}
+		return true, ""
+	}
+	waitConverged := func(round int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ok, why := converged(round)
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d did not converge in 30 s: %s", round, why)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	waitConverged(0)
+
+	// The other writer: every round changes every object's label and data,
+	// concurrently with the controller's copies.
+	var wConflicts atomic.Int64
+	for round := 1; round <= rounds; round++ {
+		for i := range objects {
+			var first *corev1.ConfigMap
+			if round == 1 {
+				first = stale[i]
+			}
+			name := stale[i].Name
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				cm := first
+				first = nil
+				if cm == nil {
+					var err error
+					if cm, err = cs.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+						return err
+					}
+				}
+				cm = cm.DeepCopy()
+				cm.Labels["source"] = fmt.Sprintf("v%d", round)
+				cm.Data["round"] = fmt.Sprint(round)
+				_, err := cs.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{})
+				if apierrors.IsConflict(err) {
+					wConflicts.Add(1)
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatalf("writer, round %d, %s: %v", round, name, err)
+			}
+		}
+	}
+	waitConverged(rounds)
+	t.Logf("controller: %d updates, %d conflicts retried; writer: %d conflicts retried", ctlUpdates.Load(), ctlConflicts.Load(), wConflicts.Load())
+	if wConflicts.Load() < objects {
+		t.Errorf("the writer met %d conflicts, want at least %d (its first round writes stale copies)", wConflicts.Load(), objects)
+	}
+}
+
+// testBoundToken: a service-account token bound to a pod (TokenRequest with
+// boundObjectRef, as a projected volume holds) works through Herald while
+// the pod exists and is refused (401) promptly once it is deleted, though
+// the cluster's TokenReview answer is cached for a TTL.
+func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
+	for _, r := range []struct{ path, body string }{
+		{"/api/v1/namespaces/demo/serviceaccounts", `{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"bound"}}`},
+		{"/apis/rbac.authorization.k8s.io/v1/namespaces/demo/rolebindings", `{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding","metadata":{"name":"bound-configmaps"},
+			"roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"Role","name":"configmaps"},"subjects":[{"kind":"ServiceAccount","name":"bound","namespace":"demo"}]}`},
+	} {
+		if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, r.path, r.body); code != http.StatusCreated {
+			t.Fatalf("POST %s: %d %s", r.path, code, clip(body))
+		}
+	}
+	// Not scheduled: deleted at once (no kubelet to wait for).
+	code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/pods",
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"holder"},"spec":{"serviceAccountName":"bound","automountServiceAccountToken":false,
+		"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`)
+	var pod struct {
+		Metadata struct{ UID string } `json:"metadata"`
+	}
+	if json.Unmarshal([]byte(body), &pod); code != http.StatusCreated || pod.Metadata.UID == "" {
+		t.Fatalf("create pod: %d %s", code, clip(body))
+	}
+	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
+		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
+		"boundObjectRef":{"apiVersion":"v1","kind":"Pod","name":"holder","uid":%q}}}`, pod.Metadata.UID))
+	var tr struct {
+		Status struct{ Token string } `json:"status"`
+	}
+	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
+		t.Fatalf("TokenRequest: %d %s", code, clip(body))
+	}
+	tok := tr.Status.Token
+	const read = "/api/v1/namespaces/demo/configmaps/settings"
+	waitCode(t, ctx, c, tok, read, http.StatusOK, time.Now(), 15*time.Second)
+	const whoami = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+	review := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
+	if code, body := c.call(ctx, c.FrontdoorURL, tok, http.MethodPost, whoami, review); code != http.StatusCreated || !strings.Contains(body, `"authentication.kubernetes.io/pod-name":["holder"]`) {
+		t.Errorf("whoami with the bound token: %d %s", code, clip(body))
+	}
+	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/namespaces/demo/pods/holder", ""); code != http.StatusOK {
+		t.Fatalf("delete pod: %d %s", code, clip(body))
+	}
+	waitCode(t, ctx, c, tok, read, http.StatusUnauthorized, time.Now(), 2*time.Second) // well within the review cache's 10 s
+	if code, body := c.call(ctx, c.FrontdoorURL, tok, http.MethodPost, whoami, review); code != http.StatusUnauthorized {
+		t.Errorf("forwarded request with the token of a deleted pod: %d %s", code, clip(body))
+	}
+}
+
+// testLocalIdentitiesRefused: frontdoor does not start in cluster mode with
+// a static token file (its tokens would be impersonated upstream).
+func testLocalIdentitiesRefused(t *testing.T, ctx context.Context, c *clusterEnv) {
+	fd := c.Proc("frontdoor-0")
+	args := append(append([]string{}, fd.Args...), "--token-auth-file="+c.TokenFile)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, filepath.Join(binDir, fd.Bin), args...).CombinedOutput()
+	if err == nil || cctx.Err() != nil || !strings.Contains(string(out), "token-auth-file cannot be used with upstream.kubeconfig") {
+		t.Errorf("frontdoor with upstream.kubeconfig and token-auth-file: %v\n%s", err, out)
+	}
+}
