@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
+
+	"herald.dev/integration/stack"
 )
 
 // Clients of cluster mode beyond kubectl's built-in kinds (TestClusterMode's
@@ -110,7 +112,11 @@ func testCustomResources(t *testing.T, ctx context.Context, c *clusterEnv) {
 	if json.Unmarshal([]byte(body), &list); code != 200 || list.Kind != "WidgetList" || !strings.Contains(body, `"name":"w1"`) {
 		t.Fatalf("list widgets: %d %s", code, clip(body))
 	}
-	_, evs := c.openWatch(t, ctx, "/apis/example.com/v1/namespaces/demo/widgets?watch=true&resourceVersion="+list.Metadata.ResourceVersion)
+	// Ended with the subtest: an open pass-through watch would hold
+	// kube-apiserver's graceful shutdown (upstream-down) for its full 20 s.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, evs := c.openWatch(t, wctx, "/apis/example.com/v1/namespaces/demo/widgets?watch=true&resourceVersion="+list.Metadata.ResourceVersion)
 	c.kubectlAs(t, ctx, admin, "-n", "demo", "patch", "widget", "w1", "--type=merge", "-p", `{"spec":{"size":"small"}}`)
 	c.kubectlAs(t, ctx, admin, "-n", "demo", "delete", "widget", "w1")
 	var seen []string
@@ -374,5 +380,33 @@ func testLocalIdentitiesRefused(t *testing.T, ctx context.Context, c *clusterEnv
 	out, err := exec.CommandContext(cctx, filepath.Join(binDir, fd.Bin), args...).CombinedOutput()
 	if err == nil || cctx.Err() != nil || !strings.Contains(string(out), "token-auth-file cannot be used with upstream.kubeconfig") {
 		t.Errorf("frontdoor with upstream.kubeconfig and token-auth-file: %v\n%s", err, out)
+	}
+}
+
+// testMakeRunClusterMode starts a second Herald as `make run` does in
+// front of a cluster (herald-dev with HERALD_ETCD, HERALD_UPSTREAM and
+// HERALD_UPSTREAM_USER: stack.Options.Cluster and .Upstream): frontdoor
+// runs without the stack's token file, and the kubeconfig the stack writes
+// is Herald's address with the user's own cluster credentials.
+func testMakeRunClusterMode(t *testing.T, ctx context.Context, c *clusterEnv) {
+	dev := startStack(t, stack.Options{
+		Cluster:  stack.ClusterEtcd{Endpoints: c.EtcdEndpoint},
+		Upstream: stack.Upstream{Kubeconfig: c.kubeCfg["herald"], UserKubeconfig: c.kubeCfg["alice"], ClientCAFile: c.PKI.CAFile},
+		// Its own ingest leader election on the shared etcd.
+		Flags: map[string][]string{"ingest": {"--election.prefix=/herald-dev/ingest/leader"}},
+	})
+	for _, a := range dev.Proc("frontdoor-0").Args {
+		if strings.HasPrefix(a, "--token-auth-file") {
+			t.Errorf("frontdoor in cluster mode got %s", a)
+		}
+	}
+	if out := c.kubectlAs(t, ctx, dev.Kubeconfig, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); out != "alice" {
+		t.Errorf("whoami with the written kubeconfig: %q, want alice", out)
+	}
+	if out := c.kubectlAs(t, ctx, dev.Kubeconfig, "-n", "demo", "get", "configmap", "settings", "-o", "jsonpath={.data.color}"); out != "blue" {
+		t.Errorf("alice reads settings through the second Herald: %q", out)
+	}
+	if out, err := c.kubectlTry(ctx, dev.Kubeconfig, "-n", "other", "get", "configmaps"); err == nil || !strings.Contains(out, "Forbidden") {
+		t.Errorf("alice lists configmaps in other through the second Herald: %v %s", err, out)
 	}
 }

@@ -545,6 +545,7 @@ func TestClusterMode(t *testing.T) {
 	t.Run("streaming", func(t *testing.T) { testStreaming(t, ctx, c) })
 	t.Run("bound-token", func(t *testing.T) { testBoundToken(t, ctx, c) })
 	t.Run("local-identities-refused", func(t *testing.T) { testLocalIdentitiesRefused(t, ctx, c) })
+	t.Run("make-run-cluster-mode", func(t *testing.T) { testMakeRunClusterMode(t, ctx, c) })
 
 	// Bodies over kube-apiserver's limit are refused before forwarding.
 	t.Run("body-limit", func(t *testing.T) {
