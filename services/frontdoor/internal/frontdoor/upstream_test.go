@@ -104,6 +104,19 @@ var clusterUsers = map[string]authenticationv1.UserInfo{
 	tokAdmin:        {Username: "admin", UID: "1", Groups: []string{"system:masters", "system:authenticated"}},
 	tokAlice:        {Username: "alice", UID: "2", Groups: []string{"system:authenticated"}},
 	tokBob:          {Username: "bob", UID: "3", Groups: []string{"system:authenticated"}},
+	// Service-account tokens bound to pods (bound_test.go).
+	"pod-p-token":      boundUser("p", "uid-p"),
+	"pod-gone-token":   boundUser("gone", "uid-gone"),
+	"pod-reused-token": boundUser("p", "uid-of-an-earlier-p"),
+	"pod-down-token":   boundUser("down", "uid-down"),
+}
+
+func boundUser(pod, uid string) authenticationv1.UserInfo {
+	return authenticationv1.UserInfo{Username: "system:serviceaccount:ns1:runner", UID: "sa-uid",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ns1", "system:authenticated"},
+		Extra: map[string]authenticationv1.ExtraValue{
+			"authentication.kubernetes.io/pod-name": {pod}, "authentication.kubernetes.io/pod-uid": {uid},
+			"authentication.kubernetes.io/credential-id": {"JTI=" + pod}}}
 }
 
 // fakePolicy: carol reads pods in ns1 and may impersonate dave; admin

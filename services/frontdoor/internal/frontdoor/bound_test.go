@@ -1,0 +1,98 @@
+package frontdoor
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
+
+// podCache holds pods by namespace/name with their uid, and records the
+// resourceVersion of each lookup.
+type podCache struct {
+	fakeCache
+	pods map[string]string // ns/name -> uid
+	mu   sync.Mutex
+	rvs  map[string][]string
+}
+
+func (c *podCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.CallOption) (*heraldv1.ListResponse, error) {
+	key := req.Namespace + "/" + req.Name
+	c.mu.Lock()
+	c.rvs[key] = append(c.rvs[key], fmt.Sprintf("%q", req.ResourceVersion))
+	c.mu.Unlock()
+	if req.Name == "down" {
+		return nil, status.Error(codes.Unavailable, "cache down")
+	}
+	uid, ok := c.pods[key]
+	if !ok {
+		return nil, status.Error(codes.NotFound, "not found")
+	}
+	return &heraldv1.ListResponse{Revision: 9, Items: [][]byte{[]byte(fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":%q,"namespace":%q,"uid":%q}}`, req.Name, req.Namespace, uid))}}, nil
+}
+
+// TestBoundPodToken: a token the cluster vouches for (TokenReview, cached)
+// but bound to a pod that the cache no longer holds, or holds with another
+// uid, is refused with 401 before anything is served or forwarded; one
+// whose pod the cache cannot be asked about is refused too (fail closed).
+func TestBoundPodToken(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	pc := &podCache{pods: map[string]string{"ns1/p": "uid-p"}, rvs: map[string][]string{}}
+	s.cache = pc
+	for _, tc := range []struct {
+		token string
+		code  int
+		rvs   string // lookups of the pod, in order
+	}{
+		{"pod-p-token", http.StatusCreated, `"0"`},
+		{"pod-gone-token", http.StatusUnauthorized, `"0" ""`},   // consistent read before refusing
+		{"pod-reused-token", http.StatusUnauthorized, `"0" ""`}, // same name, another pod
+		{"pod-down-token", http.StatusUnauthorized, `"0"`},
+	} {
+		n := k.count()
+		user := clusterUsers[tc.token]
+		key := "ns1/" + user.Extra["authentication.kubernetes.io/pod-name"][0]
+		pc.mu.Lock()
+		pc.rvs[key] = nil
+		pc.mu.Unlock()
+		rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tc.token, strings.NewReader("{}"), nil)
+		if rec.Code != tc.code {
+			t.Errorf("%s: %d %s, want %d", tc.token, rec.Code, rec.Body, tc.code)
+		}
+		if forwarded := k.count() > n; forwarded != (tc.code == http.StatusCreated) {
+			t.Errorf("%s: forwarded %v", tc.token, forwarded)
+		}
+		pc.mu.Lock()
+		if got := strings.Join(pc.rvs[key], " "); got != tc.rvs {
+			t.Errorf("%s: pod lookups with resourceVersion %s, want %s", tc.token, got, tc.rvs)
+		}
+		pc.mu.Unlock()
+	}
+	// The pod goes: its token stops working at once, though TokenReview's
+	// answer is still cached.
+	reviews := k.tokenReviews.Load()
+	delete(pc.pods, "ns1/p")
+	if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "pod-p-token", strings.NewReader("{}"), nil); rec.Code != http.StatusUnauthorized {
+		t.Errorf("token of a deleted pod: %d %s", rec.Code, rec.Body)
+	}
+	if k.tokenReviews.Load() != reviews {
+		t.Error("the token was reviewed again: the refusal must not depend on the review cache")
+	}
+	// The forwarded identity carries the pod's extras (the cluster's
+	// Node authorizer and admission use them).
+	pc.pods["ns1/p"] = "uid-p"
+	send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "pod-p-token", strings.NewReader("{}"), nil)
+	got, _ := k.last(t)
+	if got.Header.Get("Impersonate-Extra-Authentication.kubernetes.io%2Fpod-name") != "p" {
+		t.Errorf("forwarded extras: %v", got.Header)
+	}
+}
