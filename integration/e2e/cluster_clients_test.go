@@ -321,9 +321,9 @@ func testController(t *testing.T, ctx context.Context, c *clusterEnv) {
 }
 
 // testBoundToken: a service-account token bound to a pod (TokenRequest with
-// boundObjectRef, as a projected volume holds) works through Herald while
-// the pod exists and is refused (401) promptly once it is deleted, though
-// the cluster's TokenReview answer is cached for a TTL.
+// boundObjectRef, as a projected volume holds), or to a node, works through
+// Herald while the object exists and is refused (401) promptly once it is
+// deleted, though the cluster's TokenReview answer is cached for a TTL.
 func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
 	for _, r := range []struct{ path, body string }{
 		{"/api/v1/namespaces/demo/serviceaccounts", `{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"bound"}}`},
@@ -368,6 +368,26 @@ func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
 	if code, body := c.call(ctx, c.FrontdoorURL, tok, http.MethodPost, whoami, review); code != http.StatusUnauthorized {
 		t.Errorf("forwarded request with the token of a deleted pod: %d %s", code, clip(body))
 	}
+
+	// The same for a token bound to a Node.
+	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/nodes", `{"apiVersion":"v1","kind":"Node","metadata":{"name":"token-holder"}}`)
+	var node struct {
+		Metadata struct{ UID string } `json:"metadata"`
+	}
+	if json.Unmarshal([]byte(body), &node); code != http.StatusCreated || node.Metadata.UID == "" {
+		t.Fatalf("create node: %d %s", code, clip(body))
+	}
+	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
+		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
+		"boundObjectRef":{"apiVersion":"v1","kind":"Node","name":"token-holder","uid":%q}}}`, node.Metadata.UID))
+	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
+		t.Fatalf("TokenRequest bound to a node: %d %s", code, clip(body))
+	}
+	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusOK, time.Now(), 15*time.Second)
+	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/nodes/token-holder", ""); code != http.StatusOK {
+		t.Fatalf("delete node: %d %s", code, clip(body))
+	}
+	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
 }
 
 // testLocalIdentitiesRefused: frontdoor does not start in cluster mode with

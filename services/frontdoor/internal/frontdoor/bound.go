@@ -15,49 +15,64 @@ import (
 
 // Bound service-account tokens (cluster mode). A token the cluster issued
 // for a Pod (TokenRequest with a boundObjectRef, what every projected
-// service-account volume holds) must stop working once that Pod is gone,
-// as kube-apiserver's own service-account authenticator ensures. The
-// cluster's answer to TokenReview is cached here for a TTL, so frontdoor
-// checks the binding itself on every request, against its cache, which
-// holds the Pods:
+// service-account volume holds) or for a Node must stop working once that
+// object is gone, as kube-apiserver's own service-account authenticator
+// ensures. The cluster's answer to TokenReview is cached here for a TTL, so
+// frontdoor checks the binding itself on every request, against its cache,
+// which holds the Pods and Nodes:
 //
 //   - the user's extra names the pod (pod-name, pod-uid; the namespace is
-//     the service account's): the pod must exist with that uid, else 401;
+//     the service account's): the pod must exist with that uid, else 401.
+//     Such a token also names its pod's node; like kube-apiserver, only the
+//     pod is checked then;
+//   - else the extra names a node (node-name, node-uid: a token bound to the
+//     Node itself): the node must exist with that uid, else 401;
 //   - the cache is first asked as it is (resourceVersion "0", no etcd
 //     round trip); only an answer of "missing" or "another uid" is checked
-//     again with a consistent read, so that a pod created a moment ago is
-//     not refused because the cache had not applied it yet;
+//     again with a consistent read, so that an object created a moment ago
+//     is not refused because the cache had not applied it yet;
 //   - an error of the cache refuses the token (fail closed), as
-//     kube-apiserver does when it cannot look the pod up.
+//     kube-apiserver does when it cannot look the object up.
 //
 // Tokens bound to a Secret carry no name of it in their extra and are left
 // to TokenReview (whose TTL bounds how long a revoked one keeps working).
 
-// errBoundObjectGone: the token's pod no longer exists (or is another one).
-var errBoundObjectGone = errors.New("service account token: the pod it is bound to no longer exists")
+// errBoundObjectGone: the object the token is bound to no longer exists
+// (or is another one of the same name).
+var errBoundObjectGone = errors.New("service account token: the object it is bound to no longer exists")
 
-// checkBoundPod returns an error when u's token is bound to a pod that the
-// cache does not hold (with the same uid); nil when it does or when the
-// token is not bound to a pod.
-func (s *Server) checkBoundPod(ctx context.Context, u *User) error {
-	name, uid := one(u.Extra[serviceaccount.PodNameKey]), one(u.Extra[serviceaccount.PodUIDKey])
-	if name == "" && uid == "" {
-		return nil
+// checkBoundObject returns an error when u's token is bound to a pod or
+// node that the cache does not hold (with the same uid); nil when it does
+// or when the token is bound to neither.
+func (s *Server) checkBoundObject(ctx context.Context, u *User) error {
+	pod, podUID := one(u.Extra[serviceaccount.PodNameKey]), one(u.Extra[serviceaccount.PodUIDKey])
+	node, nodeUID := one(u.Extra[serviceaccount.NodeNameKey]), one(u.Extra[serviceaccount.NodeUIDKey])
+	switch {
+	case pod != "" || podUID != "":
+		ns, _, err := serviceaccount.SplitUsername(u.Name)
+		if err != nil || pod == "" || podUID == "" {
+			return fmt.Errorf("service account token: malformed pod binding for %q", u.Name)
+		}
+		return s.checkCached(ctx, "pods", ns, pod, podUID)
+	case node != "" && nodeUID != "":
+		return s.checkCached(ctx, "nodes", "", node, nodeUID)
 	}
-	ns, _, err := serviceaccount.SplitUsername(u.Name)
-	if err != nil || name == "" || uid == "" {
-		return fmt.Errorf("service account token: malformed pod binding for %q", u.Name)
-	}
-	res, ok := s.reg.Lookup("", "v1", "pods")
+	return nil
+}
+
+// checkCached reports errBoundObjectGone unless the cache holds the core/v1
+// object namespace/name with uid.
+func (s *Server) checkCached(ctx context.Context, plural, namespace, name, uid string) error {
+	res, ok := s.reg.Lookup("", "v1", plural)
 	if !ok {
-		return nil // the cache holds no pods: TokenReview alone decides
+		return nil // the cache does not hold them: TokenReview alone decides
 	}
 	for _, rv := range []string{"0", ""} {
-		resp, err := s.cache.List(ctx, &heraldv1.ListRequest{Resource: res.ID(), Namespace: ns, Name: name, ResourceVersion: rv})
+		resp, err := s.cache.List(ctx, &heraldv1.ListRequest{Resource: res.ID(), Namespace: namespace, Name: name, ResourceVersion: rv})
 		switch {
 		case err != nil && apierrors.IsNotFound(kube.FromGRPC(err)):
 		case err != nil:
-			return fmt.Errorf("service account token: looking up its pod %s/%s: %w", ns, name, err)
+			return fmt.Errorf("service account token: looking up its %s %s/%s: %w", plural, namespace, name, err)
 		case len(resp.Items) == 1 && objectUID(resp.Items[0]) == uid:
 			return nil
 		}

@@ -15,8 +15,8 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
-// podCache holds pods by namespace/name with their uid, and records the
-// resourceVersion of each lookup.
+// podCache holds pods and nodes by namespace/name with their uid, and
+// records the resourceVersion of each lookup.
 type podCache struct {
 	fakeCache
 	pods map[string]string // ns/name -> uid
@@ -40,13 +40,14 @@ func (c *podCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.
 }
 
 // TestBoundPodToken: a token the cluster vouches for (TokenReview, cached)
-// but bound to a pod that the cache no longer holds, or holds with another
-// uid, is refused with 401 before anything is served or forwarded; one
-// whose pod the cache cannot be asked about is refused too (fail closed).
+// but bound to a pod (or a node) that the cache no longer holds, or holds
+// with another uid, is refused with 401 before anything is served or
+// forwarded; one whose pod the cache cannot be asked about is refused too
+// (fail closed). A pod-bound token's node is not checked.
 func TestBoundPodToken(t *testing.T) {
 	k := newFakeKube(t)
 	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
-	pc := &podCache{pods: map[string]string{"ns1/p": "uid-p"}, rvs: map[string][]string{}}
+	pc := &podCache{pods: map[string]string{"ns1/p": "uid-p", "/n1": "uid-n1"}, rvs: map[string][]string{}}
 	s.cache = pc
 	for _, tc := range []struct {
 		token string
@@ -57,10 +58,15 @@ func TestBoundPodToken(t *testing.T) {
 		{"pod-gone-token", http.StatusUnauthorized, `"0" ""`},   // consistent read before refusing
 		{"pod-reused-token", http.StatusUnauthorized, `"0" ""`}, // same name, another pod
 		{"pod-down-token", http.StatusUnauthorized, `"0"`},
+		{"node-n1-token", http.StatusCreated, `"0"`},
+		{"node-gone-token", http.StatusUnauthorized, `"0" ""`},
 	} {
 		n := k.count()
 		user := clusterUsers[tc.token]
-		key := "ns1/" + user.Extra["authentication.kubernetes.io/pod-name"][0]
+		key := "ns1/" + strings.Join(user.Extra["authentication.kubernetes.io/pod-name"], "")
+		if strings.HasPrefix(tc.token, "node-") {
+			key = "/" + user.Extra["authentication.kubernetes.io/node-name"][0]
+		}
 		pc.mu.Lock()
 		pc.rvs[key] = nil
 		pc.mu.Unlock()

@@ -233,9 +233,9 @@ func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bo
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode
-// also by TokenReview, after which a token bound to a pod is refused once
-// the pod is gone (bound.go). A bearer token may come as a WebSocket
-// subprotocol (websocketBearer).
+// also by TokenReview, after which a token bound to a pod or node is
+// refused once that object is gone (bound.go). A bearer token may come as a
+// WebSocket subprotocol (websocketBearer).
 func (s *Server) authenticate(r *http.Request) (*User, error) {
 	if err := websocketBearer(r); err != nil {
 		return nil, err
@@ -247,7 +247,7 @@ func (s *Server) authenticate(r *http.Request) (*User, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkBoundPod(r.Context(), u); err != nil {
+	if err := s.checkBoundObject(r.Context(), u); err != nil {
 		return nil, err
 	}
 	return u, nil

@@ -34,7 +34,8 @@
 //
 // In cluster mode (--upstream.kubeconfig; upstream.go, delegated.go) step 3
 // asks the cluster (TokenReview; no local tokens, keys or RBAC are allowed)
-// and refuses a token bound to a pod the cache no longer holds (bound.go);
+// and refuses a token bound to a pod or node the cache no longer holds
+// (bound.go);
 // Impersonate-* headers are then authorized by the cluster, every request
 // but the reads of step 9 and /metrics, /debug/pprof is forwarded to
 // kube-apiserver as the caller (skipping steps 4-9), and steps 5-6 ask the

@@ -109,6 +109,15 @@ var clusterUsers = map[string]authenticationv1.UserInfo{
 	"pod-gone-token":   boundUser("gone", "uid-gone"),
 	"pod-reused-token": boundUser("p", "uid-of-an-earlier-p"),
 	"pod-down-token":   boundUser("down", "uid-down"),
+	"node-n1-token":    nodeBoundUser("n1", "uid-n1"),
+	"node-gone-token":  nodeBoundUser("gone-node", "uid-gone-node"),
+}
+
+func nodeBoundUser(node, uid string) authenticationv1.UserInfo {
+	return authenticationv1.UserInfo{Username: "system:serviceaccount:ns1:runner", UID: "sa-uid",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ns1", "system:authenticated"},
+		Extra: map[string]authenticationv1.ExtraValue{
+			"authentication.kubernetes.io/node-name": {node}, "authentication.kubernetes.io/node-uid": {uid}}}
 }
 
 func boundUser(pod, uid string) authenticationv1.UserInfo {
@@ -116,6 +125,8 @@ func boundUser(pod, uid string) authenticationv1.UserInfo {
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ns1", "system:authenticated"},
 		Extra: map[string]authenticationv1.ExtraValue{
 			"authentication.kubernetes.io/pod-name": {pod}, "authentication.kubernetes.io/pod-uid": {uid},
+			// The pod's node: not checked for a pod-bound token.
+			"authentication.kubernetes.io/node-name": {"gone-node"}, "authentication.kubernetes.io/node-uid": {"uid-gone-node"},
 			"authentication.kubernetes.io/credential-id": {"JTI=" + pod}}}
 }
 
