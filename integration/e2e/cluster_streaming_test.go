@@ -107,8 +107,8 @@ func testStreaming(t *testing.T, ctx context.Context, c *clusterEnv) {
 	}
 
 	// kubectl exec -i ... -- cat: the bytes go up through Herald and come
-	// back, over WebSocket (kubectl's default; kube-apiserver translates to
-	// SPDY for the kubelet) and over SPDY end to end.
+	// back, with kubectl speaking WebSocket (its default) and SPDY; the
+	// kubelet's end serves whichever kube-apiserver speaks to it.
 	payload := bytes.Repeat([]byte("0123456789abcdef through Herald and back\n"), 4096) // 164 KiB
 	for _, ws := range []string{"true", "false"} {
 		cmd := exec.CommandContext(ctx, c.kubectl, "--kubeconfig", c.heraldCfg["admin"], "-n", "demo", "exec", "-i", "streamer", "--", "cat")
