@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -222,7 +223,7 @@ func TestBadInput(t *testing.T) {
 		reason            string
 	}{
 		{"unknown resource", "/api/v1/widgets", "", 404, "NotFound"},
-		{"unknown group", "/apis/example.com/v1/widgets", "", 404, "NotFound"},
+		{"unknown group", "/apis/example.com/v1/widgets", "", 404, ""}, // kube-apiserver's plain-text "404 page not found"
 		{"missing object", "/api/v1/namespaces/default/pods/nope", "", 404, "NotFound"},
 		{"no token", "/api/v1/pods", "-", 401, "Unauthorized"},
 		{"wrong token", "/api/v1/pods", "Bearer not-a-token", 401, "Unauthorized"},
@@ -251,8 +252,15 @@ func TestBadInput(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if c.reason == "" {
+				if resp.StatusCode != c.code || string(body) != "404 page not found\n" {
+					t.Errorf("%s: HTTP %d %q, want %d and kube-apiserver's plain 404", c.path, resp.StatusCode, body, c.code)
+				}
+				return
+			}
 			var st objMeta
-			json.NewDecoder(resp.Body).Decode(&st)
+			json.Unmarshal(body, &st)
 			if resp.StatusCode != c.code || st.Kind != "Status" || st.Code != c.code || st.Reason != c.reason {
 				t.Errorf("%s: HTTP %d, Status kind=%q code=%d reason=%q message=%q; want %d %s", c.path, resp.StatusCode, st.Kind, st.Code, st.Reason, st.Message, c.code, c.reason)
 			}

@@ -32,6 +32,7 @@ func FromGRPC(err error) error {
 	case codes.OutOfRange:
 		return mk(http.StatusGone, metav1.StatusReasonExpired, nil)
 	case codes.DeadlineExceeded:
+		msg = "Timeout: " + msg // as apierrors.NewTimeoutError words it
 		return mk(http.StatusGatewayTimeout, metav1.StatusReasonTimeout, &metav1.StatusDetails{
 			Causes:            []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}},
 			RetryAfterSeconds: 1,

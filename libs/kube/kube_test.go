@@ -1,7 +1,9 @@
 package kube
 
 import (
+	"errors"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"testing"
 
@@ -69,11 +71,19 @@ func TestParseRequest(t *testing.T) {
 		{"/apis/apps/v1/namespaces/a/deployments", "", "deployments.apps", "a", "", VerbList, 0},
 		{"/api/v1/watch/namespaces/a/pods", "", "pods", "a", "", VerbWatch, 0},
 		{"/api/v1/widgets", "", "", "", "", "", http.StatusNotFound},
-		{"/api/v2/pods", "", "", "", "", "", http.StatusNotFound},
+		{"/api/v1/namespaces/default/pods/web-0", "watch=true", "pods", "default", "web-0", VerbGet, 0}, // watch=true on a name is a GET
+		{"/api/v1/watch/namespaces/default/pods/web-0", "", "pods", "default", "web-0", VerbWatch, 0},
+		{"/apis/apps/v1/nothings", "", "", "", "", "", http.StatusNotFound},
 		{"/api/v1/namespaces/a/nodes", "", "", "", "", "", http.StatusNotFound},
 		{"/api/v1/namespaces/a/pods/b/log", "", "", "", "", "", http.StatusNotFound}, // not served from the cache: 404 as for an unknown path (issue 14),
 		{"/api/v1/namespaces/Bad_NS/pods", "", "", "", "", "", http.StatusBadRequest},
 		{"/", "", "", "", "", "", http.StatusNotFound},
+	}
+	// Group versions nobody serves: kube-apiserver's plain-text 404.
+	for _, p := range []string{"/api/v2/pods", "/apis/apps/v2/deployments", "/apis/nothing.example/v1/nothings"} {
+		if _, err := g.ParseRequest(p, nil); !errors.Is(err, ErrNoRoute) {
+			t.Errorf("%s: error %v, want ErrNoRoute", p, err)
+		}
 	}
 	for _, tt := range tests {
 		q, _ := url.ParseQuery(tt.query)
@@ -184,5 +194,17 @@ func TestShardMap(t *testing.T) {
 		if _, err := ParseShardMap(bad, g); err == nil {
 			t.Errorf("ParseShardMap(%q) accepted", bad)
 		}
+	}
+}
+
+// TestWriteStatusNoRoute: a path under no served group version gets
+// kube-apiserver's plain-text 404, not a Status.
+func TestWriteStatusNoRoute(t *testing.T) {
+	rec := httptest.NewRecorder()
+	if code := WriteStatus(rec, ErrNoRoute); code != http.StatusNotFound {
+		t.Fatalf("code %d", code)
+	}
+	if rec.Code != http.StatusNotFound || rec.Body.String() != "404 page not found\n" || rec.Header().Get("Content-Type") != "text/plain; charset=utf-8" {
+		t.Fatalf("%d %q %q", rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
 	}
 }

@@ -113,6 +113,7 @@ type Registry struct {
 	list   []*Resource
 	byID   map[string]*Resource
 	byGVR  map[string]*Resource // "group/version/plural"
+	byGV   map[string]struct{}  // "group/version" of every resource
 	byKey  []*Resource          // sorted by key prefix, longest first
 }
 
@@ -129,7 +130,7 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		return nil, fmt.Errorf("registry prefix %q must start with /", prefix)
 	}
 	builtins := storage.NewBuiltinTable()
-	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}}
+	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}, byGV: map[string]struct{}{}}
 	for i := range resources {
 		r := resources[i]
 		if r.Version == "" || r.Kind == "" || r.Plural == "" {
@@ -146,6 +147,7 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		reg.list = append(reg.list, rp)
 		reg.byID[r.ID()] = rp
 		reg.byGVR[r.Group+"/"+r.Version+"/"+r.Plural] = rp
+		reg.byGV[r.Group+"/"+r.Version] = struct{}{}
 		reg.byKey = append(reg.byKey, rp)
 	}
 	sort.Slice(reg.byKey, func(i, j int) bool { return len(reg.byKey[i].keyPrefix) > len(reg.byKey[j].keyPrefix) })

@@ -13,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/storage"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"herald.dev/libs/rv"
@@ -63,6 +65,9 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	}
 	res, ok := g.Lookup(group, version, rest[0])
 	if !ok {
+		if version != "" && !g.servesGroupVersion(group, version) {
+			return RequestInfo{}, ErrNoRoute
+		}
 		return RequestInfo{}, notFoundPath()
 	}
 	info := RequestInfo{Resource: res, Namespace: ns, Verb: VerbList}
@@ -83,7 +88,10 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 			return RequestInfo{}, apierrors.NewBadRequest(fmt.Sprintf("invalid namespace %q: %s", ns, strings.Join(msgs, "; ")))
 		}
 	}
-	if w := query.Get("watch"); watchPath || w == "true" || w == "1" {
+	// ?watch=true turns a collection's GET into a watch; on a named object
+	// it is ignored, the request stays a GET (kube-apiserver's request
+	// info: only /watch/ paths watch one object).
+	if w := query.Get("watch"); watchPath || (info.Name == "" && (w == "true" || w == "1")) {
 		info.Verb = VerbWatch
 	}
 	return info, nil
@@ -99,6 +107,21 @@ func splitPath(path string) []string {
 
 func validPathSegment(s string) bool {
 	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/%")
+}
+
+// ErrNoRoute is a path under a group and version nobody serves: kube-apiserver
+// answers it from its last handler, with a plain-text "404 page not found"
+// rather than a Status. WriteStatus writes it so.
+var ErrNoRoute = errors.New("404 page not found")
+
+// servesGroupVersion: the registry serves group/version, or kube-apiserver
+// does (a built-in one Herald does not cache, such as autoscaling/v1).
+func (g *Registry) servesGroupVersion(group, version string) bool {
+	if _, ok := g.byGV[group+"/"+version]; ok {
+		return true
+	}
+	_, ok := builtinGroupVersions[group+"/"+version]
+	return ok
 }
 
 // notFoundPath is kube-apiserver's 404 for a path no route serves (an
@@ -228,3 +251,13 @@ func OptionError(err error) error {
 	}
 	return apierrors.NewBadRequest(err.Error())
 }
+
+// builtinGroupVersions are the group versions of kube-apiserver's built-in
+// resources.
+var builtinGroupVersions = func() map[string]struct{} {
+	m := map[string]struct{}{}
+	for _, r := range storage.Builtins() {
+		m[r.Group+"/"+r.Version] = struct{}{}
+	}
+	return m
+}()

@@ -33,14 +33,14 @@ func TestParseWatch(t *testing.T) {
 			}},
 		{name: "from now", path: "/api/v1/pods", query: "watch=1&resourceVersion=0&sendInitialEvents=false&resourceVersionMatch=NotOlderThan",
 			want: func(w *WatchRequest) bool { return w.Plan == rv.WatchPlan{Mode: rv.WatchFromNow} }},
-		{name: "name folded into the field selector", path: "/api/v1/namespaces/a/pods/web-0", query: "watch=1&fieldSelector=spec.nodeName%3Dn1",
+		{name: "name folded into the field selector", path: "/api/v1/watch/namespaces/a/pods/web-0", query: "fieldSelector=spec.nodeName%3Dn1",
 			want: func(w *WatchRequest) bool {
 				return w.FieldSelector == "spec.nodeName=n1" && w.Selector.Fields.String() == "metadata.name=web-0,spec.nodeName=n1"
 			}},
 		{name: "zero timeout", path: "/api/v1/pods", query: "watch=1&timeoutSeconds=0", want: func(w *WatchRequest) bool { return w.TimeoutSeconds == 0 }},
 		{name: "bad label selector", path: "/api/v1/pods", query: "watch=1&labelSelector=a%20in", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "unselectable field", path: "/api/v1/pods", query: "watch=1&fieldSelector=spec.x%3Dy", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
-		{name: "bad field selector with a name", path: "/api/v1/namespaces/a/pods/x", query: "watch=1&fieldSelector=a", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
+		{name: "bad field selector with a name", path: "/api/v1/watch/namespaces/a/pods/x", query: "fieldSelector=a", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "bad sendInitialEvents", path: "/api/v1/pods", query: "watch=1&sendInitialEvents=maybe", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "bad allowWatchBookmarks", path: "/api/v1/pods", query: "watch=1&allowWatchBookmarks=2", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "malformed resourceVersion", path: "/api/v1/pods", query: "watch=1&resourceVersion=abc", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
@@ -101,7 +101,7 @@ func assertRoundTrip(t *testing.T, g *Registry, path string, w *WatchRequest) {
 func FuzzParseWatch(f *testing.F) {
 	g := defaultRegistry(f)
 	f.Add("/api/v1/pods", "watch=1&resourceVersion=5&allowWatchBookmarks=true&timeoutSeconds=9")
-	f.Add("/api/v1/namespaces/a/pods/x", "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=1&labelSelector=a%3Db")
+	f.Add("/api/v1/watch/namespaces/a/pods/x", "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=1&labelSelector=a%3Db")
 	f.Add("/apis/apps/v1/watch/deployments", "fieldSelector=metadata.name%3Dx&resourceVersion=0")
 	f.Fuzz(func(t *testing.T, path, query string) {
 		q, _ := url.ParseQuery(query)

@@ -35,6 +35,10 @@ func StatusOf(err error) metav1.Status {
 // WriteStatus writes err as a Kubernetes Status response, with Retry-After
 // when the status asks for a retry. It returns the HTTP code written.
 func WriteStatus(w http.ResponseWriter, err error) int {
+	if errors.Is(err, ErrNoRoute) {
+		http.NotFound(w, nil)
+		return http.StatusNotFound
+	}
 	s := StatusOf(err)
 	if s.Details != nil && s.Details.RetryAfterSeconds > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(s.Details.RetryAfterSeconds)))

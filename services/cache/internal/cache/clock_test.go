@@ -2,10 +2,12 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -35,8 +37,14 @@ func TestWaitForRunsOnTheClock(t *testing.T) {
 	default:
 	}
 	fc.Step(time.Millisecond)
-	if err := <-done; !errors.Is(err, errTooLarge) {
+	err := <-done
+	if !errors.Is(err, errTooLarge) {
 		t.Fatalf("waitFor = %v, want errTooLarge", err)
+	}
+	// Worded as kube-apiserver's watch cache words it (frontdoor adds its
+	// "Timeout: " prefix with the 504).
+	if got, want := status.Convert(errStatus(err)).Message(), fmt.Sprintf("Too large resource version: 12, current: %d", s.head.Load()); got != want {
+		t.Fatalf("message %q, want %q", got, want)
 	}
 
 	done = wait(12)

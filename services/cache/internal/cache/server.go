@@ -35,7 +35,7 @@ func errStatus(err error) error {
 	case errors.As(err, new(*tooOldError)):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, errTooLarge):
-		return status.Error(codes.DeadlineExceeded, "Too large resource version: the cache has not reached it yet")
+		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -95,7 +95,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		}
 		if err := v.s.waitFor(ctx, cur, rs.res.ID()); err != nil {
 			if errors.Is(err, errTooLarge) {
-				return nil, status.Error(codes.DeadlineExceeded, "Timeout: the cache did not reach etcd's current revision in time")
+				return nil, status.Error(codes.DeadlineExceeded, "the cache did not reach etcd's current revision in time")
 			}
 			return nil, errStatus(err)
 		}

@@ -441,7 +441,7 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 		case <-tick.C():
 			s.nc.Publish(stream.SubjectProgressRequest, nil)
 		case <-deadline.C():
-			return errTooLarge
+			return &tooLargeError{requested: rev, current: s.head.Load()}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -449,6 +449,16 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 }
 
 var errTooLarge = errors.New("the shard did not reach the requested revision in time")
+
+// tooLargeError is errTooLarge with the revisions, worded as
+// kube-apiserver's watch cache words it.
+type tooLargeError struct{ requested, current int64 }
+
+func (e *tooLargeError) Error() string {
+	return fmt.Sprintf("Too large resource version: %d, current: %d", e.requested, e.current)
+}
+
+func (e *tooLargeError) Is(target error) bool { return target == errTooLarge }
 
 // currentRevision reads etcd's current revision (a linearizable read).
 func (s *Shard) currentRevision(ctx context.Context) (int64, error) {
