@@ -321,7 +321,7 @@ func testController(t *testing.T, ctx context.Context, c *clusterEnv) {
 }
 
 // testBoundToken: a service-account token bound to a pod (TokenRequest with
-// boundObjectRef, as a projected volume holds), or to a node, works through
+// boundObjectRef, as a projected volume holds), to a node or to a secret, works through
 // Herald while the object exists and is refused (401) promptly once it is
 // deleted, though the cluster's TokenReview answer is cached for a TTL.
 func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
@@ -386,6 +386,27 @@ func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
 	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusOK, time.Now(), 15*time.Second)
 	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/nodes/token-holder", ""); code != http.StatusOK {
 		t.Fatalf("delete node: %d %s", code, clip(body))
+	}
+	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
+
+	// And for one bound to a Secret, which only the token's claims name.
+	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/secrets",
+		`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"token-holder"},"data":{"k":"dg=="}}`)
+	var secret struct {
+		Metadata struct{ UID string } `json:"metadata"`
+	}
+	if json.Unmarshal([]byte(body), &secret); code != http.StatusCreated || secret.Metadata.UID == "" {
+		t.Fatalf("create secret: %d %s", code, clip(body))
+	}
+	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
+		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
+		"boundObjectRef":{"apiVersion":"v1","kind":"Secret","name":"token-holder","uid":%q}}}`, secret.Metadata.UID))
+	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
+		t.Fatalf("TokenRequest bound to a secret: %d %s", code, clip(body))
+	}
+	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusOK, time.Now(), 15*time.Second)
+	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/namespaces/demo/secrets/token-holder", ""); code != http.StatusOK {
+		t.Fatalf("delete secret: %d %s", code, clip(body))
 	}
 	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
 }

@@ -102,3 +102,42 @@ func TestBoundPodToken(t *testing.T) {
 		t.Errorf("forwarded extras: %v", got.Header)
 	}
 }
+
+// TestBoundSecretToken: a service-account token naming a Secret in its
+// claims (bound to it by TokenRequest, or a legacy token stored in it) is
+// refused with 401 once the cache no longer holds that Secret (with the
+// uid, when the claims carry one); a Secret of another namespace than the
+// account's binds nothing.
+func TestBoundSecretToken(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	pc := &podCache{pods: map[string]string{"ns1/s": "uid-s", "ns1/old": "uid-old"}, rvs: map[string][]string{}}
+	s.cache = pc
+	bound := secretToken(`{"kubernetes.io":{"namespace":"ns1","secret":{"name":"s","uid":"uid-s"}}}`)
+	reused := secretToken(`{"kubernetes.io":{"namespace":"ns1","secret":{"name":"s","uid":"uid-of-an-earlier-s"}}}`)
+	legacy := secretToken(`{"kubernetes.io/serviceaccount/namespace":"ns1","kubernetes.io/serviceaccount/secret.name":"old"}`)
+	elsewhere := secretToken(`{"kubernetes.io":{"namespace":"ns2","secret":{"name":"elsewhere","uid":"u"}}}`)
+	post := func(token string) int {
+		return send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", token, strings.NewReader("{}"), nil).Code
+	}
+	for _, tc := range []struct {
+		name, token string
+		code        int
+	}{
+		{"bound", bound, http.StatusCreated},
+		{"bound to an earlier secret of the name", reused, http.StatusUnauthorized},
+		{"legacy", legacy, http.StatusCreated},
+		{"another namespace's secret", elsewhere, http.StatusCreated},
+	} {
+		if code := post(tc.token); code != tc.code {
+			t.Errorf("%s: %d, want %d", tc.name, code, tc.code)
+		}
+	}
+	delete(pc.pods, "ns1/s")
+	delete(pc.pods, "ns1/old")
+	for name, token := range map[string]string{"bound": bound, "legacy": legacy} {
+		if code := post(token); code != http.StatusUnauthorized {
+			t.Errorf("%s token after its secret is deleted: %d, want 401", name, code)
+		}
+	}
+}

@@ -247,7 +247,8 @@ func (s *Server) authenticate(r *http.Request) (*User, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkBoundObject(r.Context(), u); err != nil {
+	token, _ := bearerToken(r.Header.Get("Authorization"))
+	if err := s.checkBoundObject(r.Context(), u, token); err != nil {
 		return nil, err
 	}
 	return u, nil

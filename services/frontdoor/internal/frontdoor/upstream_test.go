@@ -111,6 +111,22 @@ var clusterUsers = map[string]authenticationv1.UserInfo{
 	"pod-down-token":   boundUser("down", "uid-down"),
 	"node-n1-token":    nodeBoundUser("n1", "uid-n1"),
 	"node-gone-token":  nodeBoundUser("gone-node", "uid-gone-node"),
+	// Service-account tokens naming a Secret in their claims (bound_test.go).
+	secretToken(`{"kubernetes.io":{"namespace":"ns1","secret":{"name":"s","uid":"uid-s"}}}`):                         saUser(),
+	secretToken(`{"kubernetes.io":{"namespace":"ns1","secret":{"name":"s","uid":"uid-of-an-earlier-s"}}}`):           saUser(),
+	secretToken(`{"kubernetes.io/serviceaccount/namespace":"ns1","kubernetes.io/serviceaccount/secret.name":"old"}`): saUser(),
+	secretToken(`{"kubernetes.io":{"namespace":"ns2","secret":{"name":"elsewhere","uid":"u"}}}`):                     saUser(),
+}
+
+// secretToken is a JWT-shaped token with claims (TokenReview, faked here,
+// is what verifies it).
+func secretToken(claims string) string {
+	return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString([]byte(claims)) + ".c2ln"
+}
+
+func saUser() authenticationv1.UserInfo {
+	return authenticationv1.UserInfo{Username: "system:serviceaccount:ns1:runner", UID: "sa-uid",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ns1", "system:authenticated"}}
 }
 
 func nodeBoundUser(node, uid string) authenticationv1.UserInfo {
