@@ -41,6 +41,9 @@ func serveFuzz(t *testing.T, path, rawQuery string) {
 	if rec.Code >= 500 {
 		t.Fatalf("%q ? %q: %d %s", path, rawQuery, rec.Code, rec.Body)
 	}
+	if rec.Code == http.StatusNotFound && rec.Body.String() == "404 page not found\n" {
+		return // a group version nobody serves: kube-apiserver's plain-text 404
+	}
 	if rec.Code >= 400 {
 		var st struct {
 			Kind string `json:"kind"`
