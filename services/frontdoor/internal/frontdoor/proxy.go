@@ -176,6 +176,9 @@ type attempt struct {
 	// watch (set once its response has started, if it can be shed).
 	cancel context.CancelFunc
 	done   func()
+	// started runs when the replica's response starts: the watch is
+	// initialized.
+	started func()
 }
 
 var errReplicaUnavailable = errors.New("replica answered 503")
@@ -229,6 +232,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 				}
 				p.traceResponse(resp)
 				b.failing.Store(false)
+				at.started()
 				if resp.StatusCode == http.StatusOK {
 					// An upstream that dies mid-stream ends the client's
 					// watch cleanly: it resumes from its resourceVersion.
@@ -453,12 +457,13 @@ func (p *fanoutPool) order() []*backend {
 	return out
 }
 
-// serve proxies one authorized watch, wr its parsed options.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest) {
+// serve proxies one authorized watch, wr its parsed options; started runs
+// (at most once) when a replica's response starts.
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest, started func()) {
 	order := p.order()
 	query := wr.Query().Encode()
 	for i, b := range order {
-		at := &attempt{user: u, query: query, last: i == len(order)-1}
+		at := &attempt{user: u, query: query, last: i == len(order)-1, started: started}
 		p.proxy(b, w, r, at)
 		if at.err == nil {
 			return
