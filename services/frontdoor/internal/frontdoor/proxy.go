@@ -85,6 +85,35 @@ type fanoutPool struct {
 	rebalanceShare float64
 	shed           func(host string)
 	dialTimeout    time.Duration // of a probe
+	// buffers are the proxies' copy buffers (see copyBuffers).
+	buffers *copyBuffers
+}
+
+// copyBufferSize is the size of a watch's copy buffer. A watch holds its
+// buffer for as long as it is open, idle or not, so it is small: the
+// reverse proxy's own 32 KB made two thirds of an idle watch's memory.
+// Under load a read still carries several events (about 3 of ~1.2 KB, a
+// batch fanout wrote at once), and the client's side is written in pieces
+// of about this size anyway (net/http's HTTP/1.1 connection buffer and
+// HTTP/2 handler buffer are both 4 KB).
+const copyBufferSize = 4 << 10
+
+// copyBuffers pools the reverse proxies' copy buffers, so that watches
+// that end (timeouts, resumes) leave no garbage behind.
+type copyBuffers struct{ pool sync.Pool }
+
+func (c *copyBuffers) Get() []byte {
+	if b, ok := c.pool.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (c *copyBuffers) Put(b []byte) {
+	if cap(b) == copyBufferSize {
+		b = b[:copyBufferSize]
+		c.pool.Put(&b)
+	}
 }
 
 // backend is one fanout replica.
@@ -184,7 +213,7 @@ type attempt struct {
 var errReplicaUnavailable = errors.New("replica answered 503")
 
 func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error) {
-	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1),
+	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1), buffers: &copyBuffers{},
 		rebalanceEvery: cfg.FanoutRebalance, rebalanceShare: cfg.FanoutRebalanceShare, dialTimeout: cfg.FanoutDialTimeout,
 		retries: func(host string) { m.fanoutRetries.WithLabelValues(host).Inc() },
 		shed:    func(host string) { m.fanoutShed.WithLabelValues(host).Inc() }}
@@ -213,6 +242,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		b := &backend{url: u}
 		b.proxy = &httputil.ReverseProxy{
 			Transport:     tr,
+			BufferPool:    p.buffers,
 			FlushInterval: -1, // every write of a watch goes out at once
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(u)
