@@ -50,6 +50,9 @@ type Workload struct {
 	// (one user per node, as kubelets are); otherwise every watcher watches
 	// every pod cluster-wide (broadcast).
 	Kubelet bool
+	// OneUser gives every watcher the same user (a DaemonSet's pods share
+	// its ServiceAccount) instead of one per node or 10 in all.
+	OneUser bool
 	// WritesPerSec into etcd, for Duration.
 	WritesPerSec int
 	Duration     time.Duration

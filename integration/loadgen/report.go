@@ -100,6 +100,9 @@ func (rp *Report) Write(w io.Writer) {
 		if wl.Kubelet {
 			kind = "kubelet-like (one spec.nodeName each)"
 		}
+		if wl.OneUser {
+			kind += ", every watcher the same user (a DaemonSet's ServiceAccount),"
+		}
 		p("### %s: %d %s watchers, %s, %d writes/s for %s (settled %s before the watchers opened, %s of warm-up after)\n\n", wl.Name, wl.Watchers, kind, wl.Connections(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup)
 		p("| | Herald | kube-apiserver | ratio |\n|---|---:|---:|---:|\n")
 		// A negative value is one the target could not report.

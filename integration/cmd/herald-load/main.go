@@ -97,6 +97,9 @@ func run(o options) error {
 		w("broadcast-1000x100", 1000, 100, false, 0),
 		w("broadcast-1000x200", 1000, 200, false, 0),
 		w("kubelet-5000x200", numKubelets, 200, true, 0),
+		// A DaemonSet: kubelet-like watchers sharing one ServiceAccount.
+		{Name: "daemonset-5000x200", Watchers: numKubelets, WritesPerSec: 200, Kubelet: true, OneUser: true, Proto: o.proto,
+			Duration: o.duration, Warmup: o.warmup, Settle: o.settle},
 		// The extra, labelled workload: 100 watchers per HTTP/2 connection
 		// on both systems (below both servers' stream limits).
 		w("broadcast-1000x100-h2mux", 1000, 100, false, 100),
@@ -106,7 +109,7 @@ func run(o options) error {
 		w("kubelet-1000x200", 1000, 200, true, 0),
 	}
 	if o.only == "" {
-		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,broadcast-1000x100-h2mux"
+		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,daemonset-5000x200,broadcast-1000x100-h2mux"
 	}
 	if o.only != "" {
 		var keep []loadgen.Workload
@@ -136,6 +139,9 @@ func run(o options) error {
 		o.dir = d
 	}
 	o.dir, _ = filepath.Abs(o.dir)
+	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+		return err
+	}
 	if o.binDir == "" {
 		o.binDir = filepath.Join(o.dir, "bin")
 		log.Info("building Herald services", "into", o.binDir)
@@ -157,6 +163,7 @@ func run(o options) error {
 	for i := range numUsers {
 		fmt.Fprintf(&tf, "%s-controller-%d,controller-%d,controller-%d,\"system:masters\"\n", prefix, i, i, i)
 	}
+	fmt.Fprintf(&tf, "%s-daemonset,system:serviceaccount:kube-system:kube-proxy,kube-proxy,\"system:masters,system:serviceaccounts\"\n", prefix)
 	for i := range numKubelets {
 		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
 	}
@@ -164,6 +171,9 @@ func run(o options) error {
 		return err
 	}
 	token := func(w loadgen.Workload) func(int) string {
+		if w.OneUser {
+			return func(int) string { return prefix + "-daemonset" }
+		}
 		if w.Kubelet {
 			return func(i int) string { return fmt.Sprintf("%s-node-%d", prefix, i) }
 		}
