@@ -349,11 +349,16 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 	st.last = max(st.last, last)
 	var batch []queued
 	// drain writes everything queued, including what is queued while it
-	// writes (one write and one flush for the whole batch, see
+	// writes (one write and one flush for the batch, see
 	// stream.out), and keeps the batch's buffer only if it is small: an
 	// idle watcher should hold none.
 	drain := func() {
-		for st.err == nil {
+		// Bounded, so that a watcher fed as fast as it writes still
+		// flushes.
+		for range 8 {
+			if st.err != nil {
+				break
+			}
 			batch = wt.take(batch)
 			if len(batch) == 0 {
 				break
