@@ -46,9 +46,10 @@ type Workload struct {
 	Name string
 	// Watchers is how many watch streams are open.
 	Watchers int
-	// Kubelet makes watcher i watch only pods with spec.nodeName=node-<i>
-	// (one user per node, as kubelets are); otherwise every watcher watches
-	// every pod cluster-wide (broadcast).
+	// Kubelet makes watcher i watch only the pods of one node
+	// (spec.nodeName: node-<i> when there are as many watchers as nodes,
+	// spread over the nodes otherwise), one user per node as kubelets are;
+	// otherwise every watcher watches every pod cluster-wide (broadcast).
 	Kubelet bool
 	// OneUser gives every watcher the same user (a DaemonSet's pods share
 	// its ServiceAccount) instead of one per node or 10 in all.

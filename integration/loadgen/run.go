@@ -169,7 +169,9 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	for i := range ws {
 		ws[i] = &watcher{node: -1, done: make(chan struct{})}
 		if w.Kubelet {
-			ws[i].node = i
+			// Spread over every node, so that a reduced-scale run's
+			// watchers see events too.
+			ws[i].node = i * r.Pods.Nodes / w.Watchers
 		}
 		wg.Add(1)
 		sem <- struct{}{}
