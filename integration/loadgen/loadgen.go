@@ -5,11 +5,17 @@
 // events, the CPU of the serving processes per 1,000 deliveries, and memory
 // per idle watcher.
 //
+// Watchers model a fleet of separate processes (kubelets, kube-proxies,
+// controllers): by default each has its own connection (HTTP/1.1, or one
+// HTTP/2 connection of its own), so no watcher shares a connection's flow
+// control, buffers or TLS records with another. Multiplexing many watchers
+// on one HTTP/2 connection is an extra, labelled workload (Workload.Mux),
+// with the same number of streams per connection on every system.
+//
 // The client is kept cheap so that it does not starve the servers it shares
-// the machine with: one HTTP/2 transport multiplexes the streams, and an
-// event is never decoded as JSON; only its type, metadata.resourceVersion
-// and the write time the writer embedded in an annotation are picked out of
-// the line.
+// the machine with: an event is never decoded as JSON; only its type,
+// metadata.resourceVersion and the write time the writer embedded in an
+// annotation are picked out of the line.
 //
 // Latency is the receive time minus the time taken just before the etcd Put,
 // so it includes etcd's commit. Every watcher starts at one known revision
@@ -40,16 +46,42 @@ type Workload struct {
 	Name string
 	// Watchers is how many watch streams are open.
 	Watchers int
-	// Kubelet makes watcher i watch only pods with spec.nodeName=node-<i>
-	// (one user per node, as kubelets are); otherwise every watcher watches
-	// every pod cluster-wide (broadcast).
+	// Kubelet makes watcher i watch only the pods of one node
+	// (spec.nodeName: node-<i> when there are as many watchers as nodes,
+	// spread over the nodes otherwise), one user per node as kubelets are;
+	// otherwise every watcher watches every pod cluster-wide (broadcast).
 	Kubelet bool
+	// OneUser gives every watcher the same user (a DaemonSet's pods share
+	// its ServiceAccount) instead of one per node or 10 in all.
+	OneUser bool
 	// WritesPerSec into etcd, for Duration.
 	WritesPerSec int
 	Duration     time.Duration
 	// Warmup writes at the same rate before the measured Duration; their
 	// events are not counted.
 	Warmup time.Duration
+	// Settle writes at the same rate before the watchers open, so that
+	// servers whose buffers grow with the write history see their steady
+	// state: kube-apiserver's watch cache starts at 100 events and doubles
+	// while it holds less than about 75 s of events, and sizes each new
+	// watcher's buffer from it (about a second's worth, at least 10).
+	Settle time.Duration
+	// Mux, when > 0, multiplexes Mux watchers on each HTTP/2 connection;
+	// 0 gives every watcher its own connection (Proto).
+	Mux int
+	// Proto of a watcher's own connection: "http1" (default) or "http2".
+	Proto string
+}
+
+// Connections describes how the workload's watchers connect, for reports.
+func (w Workload) Connections() string {
+	if w.Mux > 0 {
+		return fmt.Sprintf("HTTP/2, %d watchers multiplexed per connection", w.Mux)
+	}
+	if w.Proto == "http2" {
+		return "one HTTP/2 connection per watcher"
+	}
+	return "one HTTP/1.1 connection per watcher"
 }
 
 // Target is a system under test.
@@ -79,6 +111,14 @@ type Target struct {
 	// Stages are the target's own latency histograms, in pipeline order,
 	// read over the measured writes (optional).
 	Stages []Stage
+	// Terminated, if set, returns the target's count of watches it closed
+	// on its own (apiserver_terminated_watchers_total: a watcher too slow
+	// for its buffer), summed over its processes.
+	Terminated func(ctx context.Context) (float64, error)
+	// History, if set, returns the size of the target's event history for
+	// pods (kube-apiserver: watch_cache_capacity), read when the
+	// watchers open.
+	History func(ctx context.Context) (float64, error)
 }
 
 // NamedPid is a process to account CPU for.
@@ -94,8 +134,8 @@ type MemProc struct {
 	Heap func(ctx context.Context) (uint64, error)
 }
 
-// NewHTTPClient is the load client's HTTP/2 client for a target: it trusts
-// caFile and opens as many connections as the server's stream limit needs.
+// NewHTTPClient is the load client's HTTP/2 client for a target's admin
+// requests (lists, metrics): it trusts caFile.
 func NewHTTPClient(caFile string) (*http.Client, error) {
 	pool, err := service.LoadCertPool(caFile)
 	if err != nil {
@@ -108,6 +148,51 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 		DisableCompression:  true,
 	}
 	return &http.Client{Transport: tr}, nil
+}
+
+// WatchClients returns the HTTP client of each of n watchers of w, trusting
+// caFile: with w.Mux > 0, every Mux consecutive watchers share one client
+// that holds one HTTP/2 connection (the servers' stream limits are above
+// Mux); otherwise each watcher has a client of its own, holding one
+// connection (w.Proto), which its resumes reuse as client-go's would. close
+// closes every connection.
+func WatchClients(caFile string, w Workload, n int) (clients []*http.Client, close func(), err error) {
+	pool, err := service.LoadCertPool(caFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	newClient := func(h2 bool) *http.Client {
+		p := new(http.Protocols)
+		if h2 {
+			p.SetHTTP2(true)
+		} else {
+			p.SetHTTP1(true)
+		}
+		return &http.Client{Transport: &http.Transport{
+			TLSClientConfig:     &tls.Config{RootCAs: pool},
+			Protocols:           p,
+			MaxIdleConnsPerHost: 1,
+			DisableCompression:  true,
+		}}
+	}
+	clients = make([]*http.Client, n)
+	for i := range clients {
+		switch {
+		case w.Mux > 0 && i%w.Mux != 0:
+			clients[i] = clients[i-i%w.Mux]
+		case w.Mux > 0:
+			clients[i] = newClient(true)
+		default:
+			clients[i] = newClient(w.Proto == "http2")
+		}
+	}
+	return clients, func() {
+		for i, c := range clients {
+			if w.Mux == 0 || i%w.Mux == 0 {
+				c.CloseIdleConnections()
+			}
+		}
+	}, nil
 }
 
 // Get does an authenticated GET and returns the body of a 200.

@@ -1,8 +1,18 @@
 package loadgen
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"math"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +111,42 @@ func TestMedian(t *testing.T) {
 	none := []*Result{{Target: "x", P99: 40, Deliveries: 1}, {Target: "none"}, {Target: "y", P99: 50, Deliveries: 1}}
 	if got := Median(none); got.Target != "y" {
 		t.Errorf("median with an empty run is %s, want y", got.Target)
+	}
+}
+
+// Every watcher has a connection of its own unless the workload
+// multiplexes; then Mux consecutive watchers share one HTTP/2 client.
+func TestWatchClients(t *testing.T) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(t.TempDir(), "ca.crt")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+
+	own, closeOwn, err := WatchClients(ca, Workload{}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeOwn()
+	if own[0] == own[1] || own[1] == own[2] {
+		t.Fatal("watchers share a client without Mux")
+	}
+	if p := own[0].Transport.(*http.Transport).Protocols; !p.HTTP1() || p.HTTP2() {
+		t.Fatalf("default protocols %v, want HTTP/1.1 only", p)
+	}
+	mux, closeMux, err := WatchClients(ca, Workload{Mux: 100}, 250)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeMux()
+	if mux[0] != mux[99] || mux[99] == mux[100] || mux[100] != mux[199] || mux[199] == mux[200] || mux[200] != mux[249] {
+		t.Fatal("Mux 100 does not group 100 consecutive watchers per client")
+	}
+	if p := mux[0].Transport.(*http.Transport).Protocols; p.HTTP1() || !p.HTTP2() {
+		t.Fatalf("multiplexed protocols %v, want HTTP/2 only", p)
 	}
 }

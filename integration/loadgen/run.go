@@ -45,6 +45,25 @@ type Result struct {
 	// Stages: the target's per-hop latencies over the measured writes
 	// (warm-up excluded; resumed watchers' catch-up included).
 	Stages []StageLatency `json:",omitempty"`
+	// Terminated: watches the target closed on its own over the whole
+	// workload, opening and warm-up included (Target.Terminated; -1: not
+	// measured).
+	Terminated float64
+	// History: the target's pods event history when the watchers opened
+	// (Target.History; -1: not measured).
+	History float64
+	// Bytes: the event lines the watchers received for the measured
+	// writes, in bytes (the JSON as it arrived, without HTTP or TLS
+	// framing).
+	Bytes int64
+}
+
+// BytesPerEvent is the average event line the watchers received.
+func (r *Result) BytesPerEvent() float64 {
+	if r.Deliveries == 0 {
+		return 0
+	}
+	return float64(r.Bytes) / float64(r.Deliveries)
 }
 
 // DeliveriesPerSec over the window.
@@ -85,7 +104,17 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		r.Metrics = http.DefaultClient
 	}
 	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{},
-		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}}
+		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}, Terminated: -1, History: -1}
+	// Settle: the servers see the write rate for a while before any
+	// watcher opens (see Workload.Settle).
+	if w.Settle > 0 {
+		r.Log.Info("settling: writing before the watchers open", "target", t.Name, "workload", w.Name, "for", w.Settle)
+		settle, err := r.Pods.WriteFor(ctx, r.Etcd, w.WritesPerSec, w.Settle, r.next)
+		r.next += len(settle)
+		if err != nil {
+			return nil, fmt.Errorf("settle: %w", err)
+		}
+	}
 	cur, err := r.Etcd.Get(ctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return nil, err
@@ -107,7 +136,27 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 	}
 	heap0, rss0 := r.memory(ctx)
+	if t.History != nil {
+		if v, err := t.History(ctx); err == nil {
+			res.History = v
+		} else {
+			r.Log.Warn("event history not measured", "target", t.Name, "err", err)
+		}
+	}
+	var term0 float64
+	if t.Terminated != nil {
+		if v, err := t.Terminated(ctx); err == nil {
+			term0, res.Terminated = v, 0
+		} else {
+			r.Log.Warn("terminated watchers not measured", "target", t.Name, "err", err)
+		}
+	}
 
+	clients, closeClients, err := WatchClients(t.CAFile, w, w.Watchers)
+	if err != nil {
+		return nil, err
+	}
+	defer closeClients()
 	// Open the watchers, 64 at a time.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -120,13 +169,15 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	for i := range ws {
 		ws[i] = &watcher{node: -1, done: make(chan struct{})}
 		if w.Kubelet {
-			ws[i].node = i
+			// Spread over every node, so that a reduced-scale run's
+			// watchers see events too.
+			ws[i].node = i * r.Pods.Nodes / w.Watchers
 		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			resp, err := ws[i].open(wctx, r.HTTP, t.BaseURL, t.Token(i), rev0, deadline)
+			resp, err := ws[i].open(wctx, clients[i], t.BaseURL, t.Token(i), rev0, deadline)
 			<-sem
 			if err != nil {
 				mu.Lock()
@@ -139,12 +190,12 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 				close(ws[i].done)
 				return
 			}
-			go ws[i].run(wctx, r.HTTP, t.BaseURL, t.Token(i), rev0, resp.Body)
+			go ws[i].run(wctx, clients[i], t.BaseURL, t.Token(i), rev0, resp.Body)
 		}()
 	}
 	wg.Wait()
 	res.Watchers = w.Watchers - res.OpenFailures
-	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
+	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
 	time.Sleep(3 * time.Second) // let the servers settle
 	heap1, rss1 := r.memory(ctx)
 	if t.IdleProfile != nil {
@@ -246,6 +297,13 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		d := h.since(stages0[i])
 		res.Stages = append(res.Stages, StageLatency{Name: st.Name, Count: uint64(d.counts[len(d.counts)-1]), P50: d.quantile(0.5), P99: d.quantile(0.99)})
 	}
+	if res.Terminated >= 0 {
+		if v, err := t.Terminated(ctx); err == nil {
+			res.Terminated = v - term0
+		} else {
+			res.Terminated = -1
+		}
+	}
 	cancel()
 	for _, x := range ws {
 		<-x.done
@@ -263,7 +321,10 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		for i < len(x.revs) && x.revs[i] < from {
 			i++
 		}
-		x.revs, x.lat = x.revs[i:], x.lat[i:]
+		x.revs, x.lat, x.size = x.revs[i:], x.lat[i:], x.size[i:]
+		for _, n := range x.size {
+			res.Bytes += int64(n)
+		}
 		if x.err != nil && !x.openFailed {
 			res.Ended++
 			if res.FirstError == "" {
@@ -350,7 +411,7 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 
 // String is a one-line summary for logs.
 func (r *Result) String() string {
-	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes), %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
-		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
+	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
+		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Terminated, r.History, r.BytesPerEvent(), r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
 		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.Stages)
 }

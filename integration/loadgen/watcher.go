@@ -18,6 +18,7 @@ type watcher struct {
 	node int // -1: broadcast
 	revs []int64
 	lat  []int32 // microseconds, one per event of revs
+	size []int32 // bytes of the event's line, one per event of revs
 	last atomic.Int64
 	// lastAt is when the last event arrived (Unix nanoseconds).
 	lastAt     atomic.Int64
@@ -137,6 +138,7 @@ func (w *watcher) event(line []byte, now time.Time) error {
 	}
 	w.revs = append(w.revs, rv)
 	w.lat = append(w.lat, int32(min((now.UnixNano()-at)/1000, 1<<31-1)))
+	w.size = append(w.size, int32(len(line)))
 	w.last.Store(rv)
 	w.lastAt.Store(now.UnixNano())
 	return nil

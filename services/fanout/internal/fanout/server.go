@@ -86,6 +86,8 @@ type Server struct {
 	mu       sync.Mutex
 	hubs     map[string]*hub
 	watchers atomic.Int64
+	// batches are the streams' write batches (stream.out).
+	batches sync.Pool
 }
 
 // NewServer creates a replica serving watches from the cache shards of
@@ -197,7 +199,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, f: f, enc: s.encoder(info.Resource), m: s.m, clock: s.clock}
+	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, f: f, enc: s.encoder(info.Resource), m: s.m, clock: s.clock, batches: &s.batches}
 	w.Header().Set("Content-Type", f.contentType())
 	w.Header().Set("Cache-Control", "no-cache, private")
 	// Compress only streams that start with a list's worth of initial
@@ -346,19 +348,30 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 	}
 	st.last = max(st.last, last)
 	var batch []queued
-	// drain writes everything queued (one flush for the whole batch) and
-	// keeps the batch's buffer only if it is small: an idle watcher should
-	// hold none.
+	// drain writes everything queued, including what is queued while it
+	// writes (one write and one flush for the batch, see
+	// stream.out), and keeps the batch's buffer only if it is small: an
+	// idle watcher should hold none.
 	drain := func() {
-		batch = wt.take(batch)
-		for i, q := range batch {
-			if st.err == nil {
-				st.event(q.it, q.t)
+		// Bounded, so that a watcher fed as fast as it writes still
+		// flushes.
+		for range 8 {
+			if st.err != nil {
+				break
 			}
-			batch[i] = queued{}
-		}
-		if cap(batch) > 64 {
-			batch = nil
+			batch = wt.take(batch)
+			if len(batch) == 0 {
+				break
+			}
+			for i, q := range batch {
+				if st.err == nil {
+					st.event(q.it, q.t)
+				}
+				batch[i] = queued{}
+			}
+			if cap(batch) > 64 {
+				batch = nil
+			}
 		}
 	}
 	for st.err == nil {
@@ -406,12 +419,50 @@ type stream struct {
 	clock     clock.PassiveClock
 	last      int64
 	err       error
+	// sent, sentBytes: the stream's resource's counters (looked up once,
+	// not per event).
+	sent, sentBytes prometheus.Counter
+
+	// out is the batch of lines not written yet: everything a drain of the
+	// watcher's queue produced goes to the client in one write (one HTTP/2
+	// DATA hand-off to the connection, one read and one TLS record in
+	// frontdoor) rather than one per event. Taken from batches (nil: a new
+	// buffer) at the first line and given back at flush.
+	out     *[]byte
+	batches *sync.Pool
 
 	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
 	traceLines bool
 }
 
+// raw adds b to the stream's pending batch; flush (or a full batch) writes
+// it.
 func (st *stream) raw(b []byte) {
+	if st.err != nil {
+		return
+	}
+	if st.out == nil {
+		st.out = getBatch(st.batches)
+	}
+	if len(*st.out)+len(b) > batchBytes {
+		st.writeOut()
+		if len(b) >= batchBytes && st.err == nil {
+			st.write(b) // large enough on its own: no copy
+			return
+		}
+	}
+	*st.out = append(*st.out, b...)
+}
+
+// writeOut writes the pending batch in one write.
+func (st *stream) writeOut() {
+	if st.out != nil && len(*st.out) > 0 {
+		st.write(*st.out)
+		*st.out = (*st.out)[:0]
+	}
+}
+
+func (st *stream) write(b []byte) {
 	if st.err != nil {
 		return
 	}
@@ -439,8 +490,11 @@ func (st *stream) event(it *item, t kube.Transition) {
 		return
 	}
 	st.last = it.ev.Revision
-	st.m.sent.WithLabelValues(st.res.ID()).Inc()
-	st.m.sentBytes.WithLabelValues(st.res.ID()).Add(float64(len(b)))
+	if st.sent == nil {
+		st.sent, st.sentBytes = st.m.sent.WithLabelValues(st.res.ID()), st.m.sentBytes.WithLabelValues(st.res.ID())
+	}
+	st.sent.Inc()
+	st.sentBytes.Add(float64(len(b)))
 	if it.ev.ObservedUnixNano > 0 {
 		// Wall time on both ends (ingest's and this host's): not the
 		// injected clock.
@@ -455,7 +509,14 @@ func (st *stream) send(it *item, sel *kube.Selector) {
 	}
 }
 
+// flush writes the pending batch and sends everything written so far, and
+// gives the batch's buffer back: an idle watcher holds none.
 func (st *stream) flush() {
+	st.writeOut()
+	if st.out != nil {
+		putBatch(st.batches, st.out)
+		st.out = nil
+	}
 	if st.err == nil && st.gz != nil {
 		st.err = st.gz.Flush()
 	}
@@ -465,6 +526,28 @@ func (st *stream) flush() {
 }
 
 func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }
+
+// batchBytes bounds a stream's pending batch: a longer one is written
+// before it grows further (a catch-up writes thousands of events before it
+// flushes).
+const batchBytes = 32 << 10
+
+func getBatch(pool *sync.Pool) *[]byte {
+	if pool != nil {
+		if b, ok := pool.Get().(*[]byte); ok {
+			return b
+		}
+	}
+	b := make([]byte, 0, batchBytes)
+	return &b
+}
+
+func putBatch(pool *sync.Pool, b *[]byte) {
+	if pool != nil && cap(*b) == batchBytes {
+		*b = (*b)[:0]
+		pool.Put(b)
+	}
+}
 
 // closeGrace is how long a closed watcher may still write what it had
 // queued.

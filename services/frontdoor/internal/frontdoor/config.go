@@ -106,7 +106,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxInflight, "max-requests-inflight", 400, "Non-watch requests served at once; more get 429 with Retry-After.")
 	fs.IntVar(&c.MaxInflightPerUser, "max-requests-inflight-per-user", 100, "Non-watch requests one user may have in flight (fairness); more get 429.")
 	fs.IntVar(&c.MaxWatches, "max-watches", 10000, "Watches open at once; more get 429 with Retry-After.")
-	fs.IntVar(&c.MaxWatchesPerUser, "max-watches-per-user", 1000, "Watches one user may hold open (fairness); more get 429.")
+	fs.IntVar(&c.MaxWatchesPerUser, "max-watches-per-user", 0, "Watches one user may hold open; more get 429. 0 (the default) sets no per-user bound, as kube-apiserver has none: a DaemonSet's pods share one ServiceAccount. Fairness between users holds anyway: a watch's initialization takes a slot of max-requests-inflight(-per-user), and once less than a quarter of max-watches is free a user holding a fair share or more is refused.")
 	fs.IntVar(&c.HTTP2MaxStreams, "http2-max-streams-per-connection", 250, "Concurrent HTTP/2 streams per client connection.")
 	fs.IntVar(&c.GzipMinBytes, "gzip-min-bytes", 128<<10, "Responses at least this large are gzipped when the client accepts it.")
 	fs.IntVar(&c.MaxListResponse, "max-list-response-bytes", 2<<30, "Largest LIST response from the cache.")
@@ -149,12 +149,15 @@ func (c *Config) Validate() error {
 	}
 	for name, n := range map[string]int{
 		"max-requests-inflight": c.MaxInflight, "max-requests-inflight-per-user": c.MaxInflightPerUser,
-		"max-watches": c.MaxWatches, "max-watches-per-user": c.MaxWatchesPerUser,
+		"max-watches":      c.MaxWatches,
 		"max-header-bytes": c.MaxHeaderBytes, "http2-max-streams-per-connection": c.HTTP2MaxStreams,
 	} {
 		if n <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
+	}
+	if c.MaxWatchesPerUser < 0 {
+		errs = append(errs, errors.New("max-watches-per-user must not be negative (0: no per-user bound)"))
 	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, errors.New("max-request-body-bytes must not be negative"))

@@ -9,11 +9,20 @@ import (
 // others:
 //
 //   - never more than max at once;
-//   - never more than perUser for one user;
+//   - never more than perUser for one user (0: no per-user bound);
 //   - once the pool is contended (less than a quarter of it free), a user
 //     who already holds at least a fair share (max divided by the users
 //     holding slots, plus one for a newcomer) is refused, so the free
 //     quarter stays available to users who hold little or nothing.
+//
+// The frontdoor's two pools divide the work as kube-apiserver's priority
+// and fairness does: a watch's initialization (authorizing it and waiting
+// for a fanout replica to start the stream) holds a slot of the request
+// pool, like any read, so that a fleet opening watches at once is paced per
+// user; an established watch holds only a slot of the watch pool, which
+// bounds memory, has no per-user bound by default (a DaemonSet's thousands
+// of pods share one ServiceAccount) and never takes slots from watches
+// already established: they are not cut to make room.
 //
 // A refused request is answered 429 with Retry-After by the caller; nothing
 // waits in a queue, so a flood costs the server no memory beyond the
@@ -27,6 +36,9 @@ type limiter struct {
 }
 
 func newLimiter(max, perUser int) *limiter {
+	if perUser <= 0 {
+		perUser = max
+	}
 	return &limiter{max: max, perUser: min(perUser, max), users: map[string]int{}}
 }
 

@@ -11,10 +11,11 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,13 +86,44 @@ type fanoutPool struct {
 	rebalanceShare float64
 	shed           func(host string)
 	dialTimeout    time.Duration // of a probe
+	// transport carries every watch to the replicas; buffers are the
+	// watches' copy buffers (see copyStream).
+	transport http.RoundTripper
+	buffers   *copyBuffers
+}
+
+// copyBufferSize is the size of the buffer a watch borrows to copy what
+// its replica has sent. The reverse proxy's 32 KB: under load a read carries
+// a whole batch fanout wrote at once (copyStream borrows it only while data
+// flows, so an idle watch holds none).
+const copyBufferSize = 32 << 10
+
+// copyBuffers pools the watches' copy buffers; lent counts those borrowed.
+type copyBuffers struct {
+	pool sync.Pool
+	lent atomic.Int64
+}
+
+func (c *copyBuffers) Get() []byte {
+	c.lent.Add(1)
+	if b, ok := c.pool.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (c *copyBuffers) Put(b []byte) {
+	c.lent.Add(-1)
+	if cap(b) == copyBufferSize {
+		b = b[:copyBufferSize]
+		c.pool.Put(&b)
+	}
 }
 
 // backend is one fanout replica.
 type backend struct {
 	url    *url.URL
 	origin *url.URL // the configured URL it comes from
-	proxy  *httputil.ReverseProxy
 	open   atomic.Int64
 	down   atomic.Int64 // unix nanos until which it is skipped
 	// failing: its last attempt failed and neither an attempt nor a probe
@@ -164,8 +196,6 @@ func (b *backend) load() int64 {
 	return b.open.Load() - int64(b.shedding)
 }
 
-type attemptKey struct{}
-
 // attempt is the outcome of proxying a watch to one replica.
 type attempt struct {
 	user  *User
@@ -176,12 +206,15 @@ type attempt struct {
 	// watch (set once its response has started, if it can be shed).
 	cancel context.CancelFunc
 	done   func()
+	// started runs when the replica's response starts: the watch is
+	// initialized.
+	started func()
 }
 
 var errReplicaUnavailable = errors.New("replica answered 503")
 
 func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error) {
-	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1),
+	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1), buffers: &copyBuffers{},
 		rebalanceEvery: cfg.FanoutRebalance, rebalanceShare: cfg.FanoutRebalanceShare, dialTimeout: cfg.FanoutDialTimeout,
 		retries: func(host string) { m.fanoutRetries.WithLabelValues(host).Inc() },
 		shed:    func(host string) { m.fanoutShed.WithLabelValues(host).Inc() }}
@@ -206,53 +239,8 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
 	}
-	p.newBackend = func(u *url.URL) *backend {
-		b := &backend{url: u}
-		b.proxy = &httputil.ReverseProxy{
-			Transport:     tr,
-			FlushInterval: -1, // every write of a watch goes out at once
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(u)
-				// Forward the watch as frontdoor parsed and validated it,
-				// in its canonical encoding: fanout decodes it with the same
-				// parser and cannot read anything else into it.
-				at := pr.In.Context().Value(attemptKey{}).(*attempt)
-				pr.Out.URL.RawQuery = at.query
-				setIdentity(pr.Out.Header, at.user)
-				p.rewriteTrace(pr)
-			},
-			ModifyResponse: func(resp *http.Response) error {
-				at := resp.Request.Context().Value(attemptKey{}).(*attempt)
-				if resp.StatusCode == http.StatusServiceUnavailable && !at.last {
-					resp.Body.Close()
-					return errReplicaUnavailable
-				}
-				p.traceResponse(resp)
-				b.failing.Store(false)
-				if resp.StatusCode == http.StatusOK {
-					// An upstream that dies mid-stream ends the client's
-					// watch cleanly: it resumes from its resourceVersion.
-					resp.Body = &endCleanly{ReadCloser: resp.Body}
-				}
-				if resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Encoding") == "" {
-					// A stream of lines, which can be ended between two
-					// (a compressed one cannot: it stays until it ends).
-					body := &shedBody{ReadCloser: resp.Body, cancel: at.cancel, boundary: true}
-					resp.Body = body
-					at.done = b.streaming(body)
-				}
-				return nil
-			},
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				at := r.Context().Value(attemptKey{}).(*attempt)
-				if r.Context().Err() != nil {
-					return // the client left; nothing to retry
-				}
-				at.err = err
-			},
-		}
-		return b
-	}
+	p.transport = tr
+	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }
 	for _, a := range cfg.fanouts() {
 		u, err := url.Parse(a)
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
@@ -453,12 +441,13 @@ func (p *fanoutPool) order() []*backend {
 	return out
 }
 
-// serve proxies one authorized watch, wr its parsed options.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest) {
+// serve proxies one authorized watch, wr its parsed options; started runs
+// (at most once) when a replica's response starts.
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest, started func()) {
 	order := p.order()
 	query := wr.Query().Encode()
 	for i, b := range order {
-		at := &attempt{user: u, query: query, last: i == len(order)-1}
+		at := &attempt{user: u, query: query, last: i == len(order)-1, started: started}
 		p.proxy(b, w, r, at)
 		if at.err == nil {
 			return
@@ -477,11 +466,15 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *
 	kube.WriteStatus(w, errUnavailable("no watch server is reachable, please try again"))
 }
 
-// proxy runs one attempt on b. Whatever way it ends (the reverse proxy
-// panics with http.ErrAbortHandler when the client goes away mid-stream),
-// b's open count and streaming set are restored.
+// proxy runs one attempt on b: what httputil.ReverseProxy does for a GET
+// (hop-by-hop and forwarding headers dropped both ways), with the watch's
+// own rules: the request goes as frontdoor parsed it, with the user's
+// identity and never the credential; a 503 or a failure before the
+// response starts is left to serve to retry on the next replica; and the
+// body is copied by copyStream. Whatever way it ends, b's open count and
+// streaming set are restored.
 func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, at *attempt) {
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), attemptKey{}, at))
+	ctx, cancel := context.WithCancel(r.Context())
 	at.cancel = cancel
 	b.open.Add(1)
 	defer func() {
@@ -491,7 +484,113 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 		cancel()
 		b.open.Add(-1)
 	}()
-	b.proxy.ServeHTTP(w, r.WithContext(ctx))
+	out := r.Clone(ctx)
+	u := *b.url
+	u.Path = strings.TrimRight(b.url.Path, "/") + r.URL.Path
+	if r.URL.RawPath != "" {
+		u.RawPath = strings.TrimRight(b.url.EscapedPath(), "/") + r.URL.RawPath
+	}
+	out.URL = &u
+	// Forward the watch as frontdoor parsed and validated it, in its
+	// canonical encoding: fanout decodes it with the same parser and cannot
+	// read anything else into it.
+	out.URL.RawQuery = at.query
+	out.Host, out.RequestURI, out.Body, out.ContentLength, out.Close = "", "", nil, 0, false
+	dropHopHeaders(out.Header)
+	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		out.Header.Del(h)
+	}
+	setIdentity(out.Header, at.user)
+	p.rewriteTrace(out)
+	resp, err := p.transport.RoundTrip(out)
+	if err != nil {
+		if r.Context().Err() == nil { // else the client left; nothing to retry
+			at.err = err
+		}
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable && !at.last {
+		at.err = errReplicaUnavailable
+		return
+	}
+	p.traceResponse(resp)
+	b.failing.Store(false)
+	at.started()
+	if resp.StatusCode == http.StatusOK {
+		// An upstream that dies mid-stream ends the client's watch
+		// cleanly: it resumes from its resourceVersion.
+		resp.Body = &endCleanly{ReadCloser: resp.Body}
+		if resp.Header.Get("Content-Encoding") == "" {
+			// A stream of lines, which can be ended between two (a
+			// compressed one cannot: it stays until it ends).
+			body := &shedBody{ReadCloser: resp.Body, cancel: cancel, boundary: true}
+			resp.Body = body
+			at.done = b.streaming(body)
+		}
+	}
+	dropHopHeaders(resp.Header)
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append(h[k][:0:0], vs...)
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := p.copyStream(w, resp.Body); err != nil && r.Context().Err() == nil {
+		// The client could not be written to: as the reverse proxy does,
+		// abort its connection rather than end the response cleanly.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// copyStream copies a replica's response to the client, flushing every
+// read at once. It waits for data without a buffer (a zero-length read of
+// an HTTP/2 response body blocks until data or the end arrives) and
+// borrows one only to copy what is there: an idle watch holds none, where
+// the reverse proxy's copy held 32 KB for the watch's whole life. It
+// returns the client's write error; the body's end or failure (see
+// endCleanly) ends the copy cleanly.
+func (p *fanoutPool) copyStream(w http.ResponseWriter, body io.Reader) error {
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil { // the headers, before any event
+		return err
+	}
+	for {
+		if _, err := body.Read(nil); err != nil {
+			return nil
+		}
+		buf := p.buffers.Get()
+		n, rerr := body.Read(buf)
+		var werr error
+		if n > 0 {
+			if _, werr = w.Write(buf[:n]); werr == nil {
+				werr = rc.Flush()
+			}
+		}
+		p.buffers.Put(buf)
+		if werr != nil {
+			return werr
+		}
+		if rerr != nil {
+			return nil
+		}
+	}
+}
+
+// hopHeaders are the hop-by-hop headers a proxy must not forward (RFC 9110
+// section 7.6.1), besides those the Connection header names.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func dropHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
 }
 
 // shedBody is the response body of a streaming watch, which the pool may

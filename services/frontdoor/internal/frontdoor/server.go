@@ -54,6 +54,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -457,6 +458,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.writeStatus(rec, r, err)
 			return
 		}
+		// The initialization holds a request slot until a replica has
+		// started the stream; the established watch only its watch slot
+		// (see limiter).
+		initDone, ok := s.admit(rec, s.requests, "readOnly", u)
+		if !ok {
+			return
+		}
+		defer initDone()
 		release, ok := s.admit(rec, s.watches, "watch", u)
 		if !ok {
 			return
@@ -464,7 +473,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Inc()
 		defer s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Dec()
-		s.fanout.serve(rec, r, u, wr)
+		s.fanout.serve(rec, r, u, wr, initDone)
 		return
 	}
 	req, err := listRequest(info, q)
@@ -506,7 +515,8 @@ func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
 	return s.rbac.Get().authorize(a), ""
 }
 
-// admit takes a slot of l for u, or answers 429.
+// admit takes a slot of l for u, or answers 429. The returned release may
+// be called more than once.
 func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) (func(), bool) {
 	release, refused := l.acquire(u.Name)
 	if refused != "" {
@@ -520,7 +530,8 @@ func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) 
 	}
 	g := s.m.currentInflight.WithLabelValues(kind)
 	g.Inc()
-	return func() { g.Dec(); release() }, true
+	var once sync.Once
+	return func() { once.Do(func() { g.Dec(); release() }) }, true
 }
 
 // identityMetadata tells the cache who asks (for its logs and, once it

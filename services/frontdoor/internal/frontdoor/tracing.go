@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -31,10 +30,10 @@ const maxTraceLine = 256
 
 // rewriteTrace asks for trace lines when tracing is on; a client's own
 // header never reaches fanout.
-func (p *fanoutPool) rewriteTrace(pr *httputil.ProxyRequest) {
-	pr.Out.Header.Del(service.TraceLinesHeader)
+func (p *fanoutPool) rewriteTrace(out *http.Request) {
+	out.Header.Del(service.TraceLinesHeader)
 	if p.tracer != nil {
-		pr.Out.Header.Set(service.TraceLinesHeader, "1")
+		out.Header.Set(service.TraceLinesHeader, "1")
 	}
 }
 
