@@ -196,8 +196,9 @@ func (r *resourceState) get(key string) *kube.Object {
 	return nil
 }
 
-// stateAt returns the resource's state as of rev, or a *tooOldError when
-// rev is older than the window.
+// stateAt returns the resource's state as of rev, a *tooOldError when
+// rev is older than the window, or errTooLarge when the shard has not
+// reached it (head: the shard's applied revision).
 func (r *resourceState) stateAt(rev, head int64) (snapshot, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -293,10 +294,16 @@ func (r *resourceState) headLocked(head int64) int64 {
 	return head
 }
 
-// stateAtLocked returns the state as of rev: the current state for rev >=
-// head, otherwise the state after the newest windowed revision <= rev.
+// stateAtLocked returns the state as of rev: the current state for rev ==
+// head, otherwise the state after the newest windowed revision <= rev. A
+// revision after head is refused with errTooLarge: the state does not
+// reflect it yet, and serving the current state under its number would
+// hide what happened since (callers wait for the shard to reach it first).
 func (r *resourceState) stateAtLocked(rev, head int64) (snapshot, error) {
-	if rev >= head {
+	if rev > head {
+		return snapshot{}, errTooLarge
+	}
+	if rev == head {
 		return snapshot{r.state.Clone()}, nil
 	}
 	if rev < r.windowStart {

@@ -107,6 +107,12 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			atRev = plan.Rev
 		}
 	case rv.ListContinue:
+		// The token's revision is the first page's, which another replica
+		// (or, for a split resource, another shard) may have served: this
+		// one may not have reached it yet, and its state now is older.
+		if err := v.s.waitFor(ctx, plan.Token.Rev, rs.res.ID()); err != nil {
+			return nil, errStatus(err)
+		}
 		atRev = plan.Token.Rev
 	}
 	head := v.s.head.Load()
@@ -114,6 +120,9 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		atRev = head
 	}
 	snap, err := rs.stateAt(atRev, head)
+	if errors.Is(err, errTooLarge) {
+		return nil, errStatus(err)
+	}
 	if err != nil {
 		if plan.Mode == rv.ListContinue {
 			return nil, status.Error(codes.OutOfRange, "The provided continue parameter is too old to display a consistent list result. Start a new list without the continue parameter.")

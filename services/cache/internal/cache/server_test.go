@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -13,9 +14,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/rv"
 )
 
 // Server.Watch as an adapter: what it sends for what the window gives it.
@@ -260,4 +263,78 @@ func TestWatchSelectorsKeepTransitions(t *testing.T) {
 			t.Errorf("%s: concerns = %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// A continue token carries the revision of its list's first page, which
+// another replica (or another shard) may have served: a replica that has
+// not reached that revision waits for it, and never serves its older state
+// under the token's revision (objects missing, deleted ones still there).
+func TestListContinueWaitsForTheTokensRevision(t *testing.T) {
+	rs := newWindow(t, 100)
+	apply(t, rs, snapRev+1, put("a", "p1"), put("a", "p3"))
+	v, s := testServer(t, rs, snapRev+1, 1)
+	fc := clocktesting.NewFakeClock(time.Unix(1, 0))
+	WithClock(fc)(s)
+	// The first page ended at p1, at snapRev+3, on a replica that had
+	// applied the next two revisions.
+	tok := rv.Token{Rev: snapRev + 3, After: rs.res.ObjectKey("a", "p1")}.Encode()
+	type result struct {
+		resp *heraldv1.ListResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := v.List(t.Context(), &heraldv1.ListRequest{Resource: "pods", Continue: tok, Limit: 10})
+		done <- result{resp, err}
+	}()
+	var r result
+	waiting := false
+	for !waiting {
+		select {
+		case r = <-done:
+			t.Fatalf("served at once, head %d, token at %d: %v %v", s.Head(), snapRev+3, keysOf(r.resp), r.err)
+		default:
+			waiting = fc.HasWaiters()
+			runtime.Gosched()
+		}
+	}
+	apply(t, rs, snapRev+2, put("a", "p2"))
+	s.setHead(snapRev + 2)
+	apply(t, rs, snapRev+3, del("a", "p3"))
+	s.setHead(snapRev + 3)
+	r = <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if got, want := keysOf(r.resp), []string{rs.res.ObjectKey("a", "p2")}; !slices.Equal(got, want) || r.resp.Revision != snapRev+3 {
+		t.Fatalf("continued page at %d: %v, want %v at %d", r.resp.Revision, got, want, snapRev+3)
+	}
+
+	// A token the shard does not reach in time is refused, never served.
+	fc = clocktesting.NewFakeClock(time.Unix(1, 0))
+	WithClock(fc)(s)
+	tok = rv.Token{Rev: snapRev + 9, After: rs.res.ObjectKey("a", "p1")}.Encode()
+	go func() {
+		resp, err := v.List(t.Context(), &heraldv1.ListRequest{Resource: "pods", Continue: tok, Limit: 10})
+		done <- result{resp, err}
+	}()
+	for !fc.HasWaiters() {
+		select {
+		case r = <-done:
+			t.Fatalf("served at once, head %d, token at %d: %v %v", s.Head(), snapRev+9, keysOf(r.resp), r.err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	fc.Step(s.cfg.WaitTimeout)
+	if r = <-done; status.Code(r.err) != codes.DeadlineExceeded {
+		t.Fatalf("token never reached: %v %v, want DeadlineExceeded", keysOf(r.resp), r.err)
+	}
+}
+
+func keysOf(resp *heraldv1.ListResponse) []string {
+	if resp == nil {
+		return nil
+	}
+	return resp.Keys
 }

@@ -251,6 +251,10 @@ func TestWindowStateAt(t *testing.T) {
 	}
 	_, err = rs.stateAt(9, 14)
 	assertTooOld(t, err, 9, snapRev)
+	// Not reached: the current state is not the state at 15.
+	if _, err := rs.stateAt(15, 14); !errors.Is(err, errTooLarge) {
+		t.Errorf("state at 15 with the head at 14: %v, want errTooLarge", err)
+	}
 
 	// Outside the window once evicted; a snapshot handed out earlier
 	// does not change.

@@ -128,7 +128,11 @@ func (h *hub) runOnce(ctx context.Context) error {
 }
 
 // flush dispatches evs (in revision order), and moves head to the revision
-// the upstream is complete through.
+// the upstream is complete through. head passes a revision only once all of
+// its events are queued to every watcher they concern: a bookmark at head
+// (serve reads it without the lock) must never go out before an event it
+// covers, or a client whose stream ends between the two resumes past that
+// event.
 func (h *hub) flush(evs []*heraldv1.Event) {
 	if len(evs) == 0 {
 		return
@@ -136,14 +140,14 @@ func (h *hub) flush(evs []*heraldv1.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var through int64
-	for _, ev := range evs {
+	for i, ev := range evs {
 		through = max(through, ev.Revision)
 		if ev.Type != heraldv1.EventType_BOOKMARK {
 			h.dispatchTraced(newItem(ev))
 		}
-	}
-	if through > h.head.Load() {
-		h.head.Store(through)
+		if last := i == len(evs)-1; (last || evs[i+1].Revision != ev.Revision) && through > h.head.Load() {
+			h.head.Store(through)
+		}
 	}
 }
 
@@ -159,7 +163,8 @@ func (h *hub) reset(reason string) {
 }
 
 // dispatch appends it to the ring and hands it to every watcher it
-// concerns, and returns how many it was queued to. Called with mu held.
+// concerns, and returns how many it was queued to. Called with mu held; the
+// caller moves head once the revision is whole (flush).
 func (h *hub) dispatch(it *item) (queued int) {
 	cost := it.cost()
 	for len(h.ring) > 0 && (len(h.ring) >= h.limits.events || h.ringBytes+cost > h.limits.bytes) {
@@ -170,7 +175,6 @@ func (h *hub) dispatch(it *item) (queued int) {
 	}
 	h.ring = append(h.ring, it)
 	h.ringBytes += cost
-	h.head.Store(it.ev.Revision)
 	h.m.events.WithLabelValues(h.res.ID()).Inc()
 	var closed []*watcher
 	h.watchers.each(it.ev, func(w *watcher) {

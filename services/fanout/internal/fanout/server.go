@@ -397,10 +397,15 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			st.flush()
 		case <-tick:
 			// Everything up to the hub's head has been queued; write it,
-			// then the bookmark.
+			// then the bookmark. Unless the watcher was closed meanwhile:
+			// the hub no longer queues to it, so its head says nothing of
+			// what this client got (the close, above, ends the stream with
+			// a bookmark at what it did get).
 			head := h.head.Load()
 			drain()
-			st.bookmark(max(head, st.last), false)
+			if wt.closedReason() == "" {
+				st.bookmark(max(head, st.last), false)
+			}
 			st.flush()
 		}
 	}
