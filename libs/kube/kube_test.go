@@ -74,13 +74,15 @@ func TestParseRequest(t *testing.T) {
 		{"/api/v1/namespaces/default/pods/web-0", "watch=true", "pods", "default", "web-0", VerbGet, 0}, // watch=true on a name is a GET
 		{"/api/v1/watch/namespaces/default/pods/web-0", "", "pods", "default", "web-0", VerbWatch, 0},
 		{"/apis/apps/v1/nothings", "", "", "", "", "", http.StatusNotFound},
+		{"/api/v2/pods", "", "", "", "", "", http.StatusNotFound}, // a built-in group's unknown version: a Status
+		{"/apis/apps/v7/deployments", "", "", "", "", "", http.StatusNotFound},
 		{"/api/v1/namespaces/a/nodes", "", "", "", "", "", http.StatusNotFound},
 		{"/api/v1/namespaces/a/pods/b/log", "", "", "", "", "", http.StatusNotFound}, // not served from the cache: 404 as for an unknown path (issue 14),
 		{"/api/v1/namespaces/Bad_NS/pods", "", "", "", "", "", http.StatusBadRequest},
 		{"/", "", "", "", "", "", http.StatusNotFound},
 	}
-	// Group versions nobody serves: kube-apiserver's plain-text 404.
-	for _, p := range []string{"/api/v2/pods", "/apis/apps/v2/deployments", "/apis/nothing.example/v1/nothings"} {
+	// Groups without a built-in handler: kube-apiserver's plain-text 404.
+	for _, p := range []string{"/apis/nothing.example/v1/nothings", "/apis/widgets.example.com/v2/widgets"} {
 		if _, err := g.ParseRequest(p, nil); !errors.Is(err, ErrNoRoute) {
 			t.Errorf("%s: error %v, want ErrNoRoute", p, err)
 		}

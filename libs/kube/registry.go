@@ -113,7 +113,6 @@ type Registry struct {
 	list   []*Resource
 	byID   map[string]*Resource
 	byGVR  map[string]*Resource // "group/version/plural"
-	byGV   map[string]struct{}  // "group/version" of every resource
 	byKey  []*Resource          // sorted by key prefix, longest first
 }
 
@@ -130,7 +129,7 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		return nil, fmt.Errorf("registry prefix %q must start with /", prefix)
 	}
 	builtins := storage.NewBuiltinTable()
-	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}, byGV: map[string]struct{}{}}
+	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}}
 	for i := range resources {
 		r := resources[i]
 		if r.Version == "" || r.Kind == "" || r.Plural == "" {
@@ -147,7 +146,6 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		reg.list = append(reg.list, rp)
 		reg.byID[r.ID()] = rp
 		reg.byGVR[r.Group+"/"+r.Version+"/"+r.Plural] = rp
-		reg.byGV[r.Group+"/"+r.Version] = struct{}{}
 		reg.byKey = append(reg.byKey, rp)
 	}
 	sort.Slice(reg.byKey, func(i, j int) bool { return len(reg.byKey[i].keyPrefix) > len(reg.byKey[j].keyPrefix) })

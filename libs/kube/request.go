@@ -65,7 +65,7 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	}
 	res, ok := g.Lookup(group, version, rest[0])
 	if !ok {
-		if version != "" && !g.servesGroupVersion(group, version) {
+		if version != "" && !builtinGroup(group) {
 			return RequestInfo{}, ErrNoRoute
 		}
 		return RequestInfo{}, notFoundPath()
@@ -109,20 +109,12 @@ func validPathSegment(s string) bool {
 	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/%")
 }
 
-// ErrNoRoute is a path under a group and version nobody serves: kube-apiserver
-// answers it from its last handler, with a plain-text "404 page not found"
-// rather than a Status. WriteStatus writes it so.
+// ErrNoRoute is a path under a group kube-apiserver has no built-in
+// handler for (an unknown group, or a custom resource's group, which
+// apiextensions-apiserver serves): kube-apiserver answers it from its last
+// handler, with a plain-text "404 page not found" rather than a Status.
+// WriteStatus writes it so.
 var ErrNoRoute = errors.New("404 page not found")
-
-// servesGroupVersion: the registry serves group/version, or kube-apiserver
-// does (a built-in one Herald does not cache, such as autoscaling/v1).
-func (g *Registry) servesGroupVersion(group, version string) bool {
-	if _, ok := g.byGV[group+"/"+version]; ok {
-		return true
-	}
-	_, ok := builtinGroupVersions[group+"/"+version]
-	return ok
-}
 
 // notFoundPath is kube-apiserver's 404 for a path no route serves (an
 // unknown version, resource or subresource): "the server could not find the
@@ -252,12 +244,17 @@ func OptionError(err error) error {
 	return apierrors.NewBadRequest(err.Error())
 }
 
-// builtinGroupVersions are the group versions of kube-apiserver's built-in
-// resources.
-var builtinGroupVersions = func() map[string]struct{} {
+// builtinGroups are the API groups of kube-apiserver's built-in resources
+// ("" is the core group).
+var builtinGroups = func() map[string]struct{} {
 	m := map[string]struct{}{}
 	for _, r := range storage.Builtins() {
-		m[r.Group+"/"+r.Version] = struct{}{}
+		m[r.Group] = struct{}{}
 	}
 	return m
 }()
+
+func builtinGroup(group string) bool {
+	_, ok := builtinGroups[group]
+	return ok
+}
