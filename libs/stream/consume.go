@@ -60,3 +60,13 @@ func (m *Messages) Stop() {
 	defer cancel()
 	_ = m.st.DeleteConsumer(ctx, info.Name)
 }
+
+// Pending is the number of messages of the reader's subjects the stream
+// holds that it has not delivered yet.
+func (m *Messages) Pending(ctx context.Context) (uint64, error) {
+	info, err := m.cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream consumer info: %w", err)
+	}
+	return info.NumPending, nil
+}

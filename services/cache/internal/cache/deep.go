@@ -27,12 +27,23 @@ import (
 // as they come (send blocks on the gRPC stream's flow control, so a slow
 // reader slows the replay, it does not buffer it), and only the last state
 // of each object met on the way is kept. At most --deep-replay.concurrency
-// replays run at once; the others wait for a slot. The replay stops as soon
-// as ctx ends (its client went away).
+// replays run at once, each with one stream consumer that it deletes when it
+// ends; the others wait for a slot. The replay stops as soon as ctx ends
+// (its client went away).
 func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
+	// Everything a replay asks of NATS (the stream's bounds, the binary
+	// search for its start, its consumer) happens inside its slot: a wave
+	// of resumes costs the server at most --deep-replay.concurrency readers
+	// at a time, however many wait.
+	release, err := s.deep.Acquire(ctx)
+	if err != nil {
+		return status.FromContextError(err).Err()
+	}
+	defer release()
+	s.m.deepReplays.Inc()
 	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
@@ -40,11 +51,6 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 	if start, err := stream.HistoryStart(ctx, st); err != nil || after < start {
 		return tooOld()
 	}
-	release, err := s.deep.Acquire(ctx)
-	if err != nil {
-		return status.FromContextError(err).Err()
-	}
-	defer release()
 	seq, err := stream.SeqAfter(ctx, st, after)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
@@ -64,15 +70,9 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 	default:
 		subjects = append(subjects, stream.Filter(rs.res))
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq,
-	})
+	it, err := stream.Consume(ctx, st, subjects, seq)
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "stream consumer: %v", err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "stream consumer: %v", err)
+		return status.Errorf(codes.Unavailable, "%v", err)
 	}
 	defer it.Stop()
 	seen := map[string]*kube.Object{}
