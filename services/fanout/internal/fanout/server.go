@@ -187,6 +187,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	h := s.hub(info.Resource)
 	if !h.waitSynced(r.Context(), s.cfg.UpstreamWait) {
+		if plan.Mode == rv.WatchAfter {
+			// A resume (every watch of a wave after the caches
+			// restarted): 429, on which client-go retries the watch
+			// from its resourceVersion; on a 503 it would relist.
+			kube.WriteStatus(w, apierrors.NewTooManyRequests("the watch cache is not ready yet; resume from the same resourceVersion", 1))
+			return
+		}
 		kube.WriteStatus(w, apierrors.NewServiceUnavailable("the watch cache is not ready yet"))
 		return
 	}
@@ -228,10 +235,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	last, err := s.start(ctx, st, h, wt, info, plan)
 	if err != nil {
 		if ctx.Err() == nil {
-			st.raw(st.enc.errorEvent(st.f, kube.FromGRPC(err)))
+			st.raw(st.enc.errorEvent(st.f, startError(err, plan)))
 			st.flush()
 		}
 		return
+	}
+	if wr.AllowWatchBookmarks && plan.Mode == rv.WatchAfter {
+		// A resumed watch says at once where it stands: client-go takes a
+		// watch that ends within a second with nothing received for a
+		// failure and relists, and a watch that resumed just before its
+		// replica or cache dies (a restart wave) ends exactly so.
+		st.bookmark(max(last, st.last), false)
+		st.flush()
 	}
 	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
 }
@@ -286,6 +301,37 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 		}
 		last = max(last, rev)
 	}
+}
+
+// startError is the ERROR event's status for a watch whose start failed.
+// A resume (a resourceVersion given, no initial state) that failed for a
+// reason that passes — a cache restarting or unreachable, a replay cut or
+// out of time — is told 429 Too Many Requests: client-go backs off and
+// resumes from the same resourceVersion on 429, whereas any other ERROR
+// event makes it relist, and a wave of resumes after a restart must not
+// become a relist storm. What is final is passed on as the cache said it:
+// 410 (the history is gone), a too-large resourceVersion (as
+// kube-apiserver), errors of the request itself.
+func startError(err error, plan rv.WatchPlan) error {
+	if plan.Mode != rv.WatchAfter {
+		return kube.FromGRPC(err)
+	}
+	st, ok := status.FromError(err)
+	transient := !ok
+	if ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.Aborted, codes.Canceled, codes.ResourceExhausted, codes.Internal, codes.Unknown:
+			transient = true
+		case codes.DeadlineExceeded:
+			// A call that ran out of its own time; the cache's "not
+			// reached in time" is final (a too-large resourceVersion).
+			transient = st.Message() == context.DeadlineExceeded.Error()
+		}
+	}
+	if !transient {
+		return kube.FromGRPC(err)
+	}
+	return apierrors.NewTooManyRequests("the watch could not be resumed yet ("+err.Error()+"); resume from the same resourceVersion", 1)
 }
 
 // initialState writes the synthetic ADDED events of the state and returns
