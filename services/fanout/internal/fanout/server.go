@@ -13,7 +13,6 @@
 package fanout
 
 import (
-	"compress/gzip"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -213,9 +212,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// state, and only when asked: compressing every event for every watcher
 	// would undo encode-once (kube-apiserver never compresses watches).
 	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && service.AcceptsGzip(r) {
-		gz := service.GzipResponse(w)
-		defer gz.Close()
-		st.gz = gz
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Add("Vary", "Accept-Encoding")
+		st.gz = newGzipStream(w)
+		defer st.gz.Close()
 	}
 	// Trace lines are lines: only in a JSON stream.
 	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
@@ -257,8 +257,12 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
+		// The selectors travel with the request: the cache sends only the
+		// objects this watcher sees (a kubelet's two pods, not every pod
+		// of the cluster for each of thousands of kubelets).
 		rev, err := s.initialState(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
-			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent})
+			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
+			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String()})
 		if err != nil {
 			return 0, err
 		}
@@ -455,7 +459,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 // stream writes one client's watch response.
 type stream struct {
 	w         http.ResponseWriter
-	gz        *gzip.Writer // nil: uncompressed
+	gz        *gzipStream // nil: uncompressed
 	rc        *http.ResponseController
 	res       *kube.Resource
 	f         format
