@@ -2,9 +2,11 @@ package fanout
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -82,13 +84,36 @@ func TestGzipStream(t *testing.T) {
 			t.Errorf("stream %d: Close: %v", i, err)
 		}
 	}
+	// A batch larger than gzipChunk once compressed (random bytes do not
+	// compress) goes out in several chunks, the same stream.
+	var big strings.Builder
+	gb := newGzipStream(&big)
+	r := rand.New(rand.NewPCG(1, 2))
+	raw := make([]byte, 5*gzipChunk)
+	for i := range raw {
+		raw[i] = byte(r.Uint32())
+	}
+	if _, err := gb.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := gb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(strings.NewReader(big.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := io.ReadAll(zr); err != nil || !bytes.Equal(back, raw) {
+		t.Errorf("large batch: %d bytes back, %v; want %d", len(back), err, len(raw))
+	}
+
 	// A stream closed before anything was written is still valid gzip.
 	var b strings.Builder
 	g := newGzipStream(&b)
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	zr, err := gzip.NewReader(strings.NewReader(b.String()))
+	zr, err = gzip.NewReader(strings.NewReader(b.String()))
 	if err != nil {
 		t.Fatal(err)
 	}
