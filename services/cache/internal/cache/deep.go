@@ -128,7 +128,7 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}
-	ev, obj, err := stream.Event(ctx, s.dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+	ev, obj, err := stream.Event(ctx, s.history, r, ns, name, rev, c, func() (*kube.Object, error) {
 		switch {
 		case c.Kind == heraldv1.Change_DELETE:
 			return seen[c.Key], nil
@@ -167,7 +167,7 @@ func (s *Shard) previous(ctx context.Context, r *kube.Resource, ns, name, key st
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	o, err := s.dec.Decode(ctx, r, key, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	o, err := s.history.Decode(ctx, r, key, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 	if err != nil {
 		return nil, nil // skipped when it was applied, too
 	}

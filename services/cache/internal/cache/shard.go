@@ -63,6 +63,7 @@ type metrics struct {
 	// slot is free); rebuilt: revisions replayed into the windows at start.
 	deepReplays prometheus.Counter
 	rebuilt     prometheus.Counter
+	historyHits *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -80,6 +81,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		resyncs:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker or a gap in the consumed stream."}),
 		gaps:        f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_stream_gaps_total", Help: "Gaps in the consumed stream: messages the shard had not consumed were gone from the stream (aged out, purged) when it read on; each is a rebuild."}),
 		deepReplays: f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_deep_replays_total", Help: "Deep resumes started: watches older than the window replayed from the stream's history."}),
+		historyHits: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_deep_replay_decodes_total", Help: "Values deep replays needed decoded, by result: hit (another replay had decoded it, deep-replay.cache-bytes) or miss."}, []string{"result"}),
 		rebuilt:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_window_rebuild_revisions_total", Help: "Revisions read from the stream into the windows at start (window.rebuild-messages), so that resumes within them are served from memory after a restart."}),
 		e2eLatency: f.NewHistogram(prometheus.HistogramOpts{Name: "herald_cache_apply_latency_seconds", Help: "From ingest receiving a revision from etcd to the shard applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
@@ -91,7 +93,8 @@ type Shard struct {
 	cfg       Config
 	log       *slog.Logger
 	reg       *kube.Registry
-	dec       *kube.Decoder // the one way stored values are read (decode.go)
+	dec       *kube.Decoder   // the one way stored values are read (decode.go)
+	history   *historyDecoder // dec, remembered for deep replays
 	m         *metrics
 	resources map[string]*resourceState // by resource ID
 	deep      *service.Queue            // bounds concurrent deep replays
@@ -156,6 +159,7 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	for _, o := range opts {
 		o(s)
 	}
+	s.history = newHistoryDecoder(dec, cfg.DeepReplayCache, s.m.historyHits)
 	s.obs = newObsMetrics(promReg, s)
 	return s, nil
 }
