@@ -337,7 +337,7 @@ func sampleMemory(ctx context.Context, nodes []*node, every time.Duration) (*mem
 					}
 					h, _ := n.metric(rctx, "go_memstats_heap_inuse_bytes")
 					m.mu.Lock()
-					if _, ok := m.base[n.name]; !ok {
+					if _, ok := m.base[n.name]; !ok && h > 0 { // both read
 						m.base[n.name], m.baseHeap[n.name] = v, h
 					}
 					m.peak[n.name] = max(m.peak[n.name], v)
