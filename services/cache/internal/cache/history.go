@@ -41,9 +41,24 @@ type historyEntry struct {
 	cost int
 }
 
-// objectOverhead approximates what an object costs beyond its JSON (its
-// labels, fields and the entry).
-const objectOverhead = 512
+// objectOverhead approximates what an object and its entry cost beyond
+// their JSON, labels and fields; mapEntryOverhead, what a map entry costs
+// beyond its key and value.
+const (
+	objectOverhead   = 256
+	mapEntryOverhead = 64
+)
+
+// objectCost approximates the heap an object holds.
+func objectCost(o *kube.Object) int {
+	n := len(o.JSON) + objectOverhead
+	for _, m := range []map[string]string{o.Labels, o.Fields} {
+		for k, v := range m {
+			n += len(k) + len(v) + mapEntryOverhead
+		}
+	}
+	return n
+}
 
 func newHistoryDecoder(dec *kube.Decoder, max int, lookups *prometheus.CounterVec) *historyDecoder {
 	return &historyDecoder{dec: dec, max: max, lookups: lookups, order: list.New(), byKey: map[historyKey]*list.Element{}}
@@ -67,7 +82,7 @@ func (h *historyDecoder) Decode(ctx context.Context, r *kube.Resource, key, name
 	if err != nil {
 		return nil, err
 	}
-	cost := len(obj.JSON) + objectOverhead
+	cost := objectCost(obj)
 	if cost > h.max {
 		return obj, nil
 	}

@@ -25,8 +25,7 @@ func TestHistoryDecoder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cost := len(one.JSON) + objectOverhead
-	h := newHistoryDecoder(dec, 3*cost, lookups) // room for three objects
+	h := newHistoryDecoder(dec, 3*objectCost(one), lookups) // room for three objects
 
 	decode := func(name string, rev int64) any {
 		t.Helper()
