@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,11 +25,16 @@ import (
 // in chunks end to end, selectors applied at the cache, a bounded number at
 // once), deliver every event exactly once, and stop (releasing their memory)
 // when their clients go away.
+//
+// The scale is HERALD_DEEP_WATCHERS watchers (200) resuming HERALD_DEEP_EVENTS
+// events back (1,600: 40 windows; `make test` runs it). Issue 17 asks for
+// 50,000 events back; that run writes 50,000 revisions and delivers 200 x
+// 50,000 events (7.5 GB of JSON) through one fanout and the test's own
+// decoder, minutes on a 2-core machine, so it is an explicit variant:
+// HERALD_DEEP_EVENTS=50000.
 const (
-	deepWatchers = 200
-	deepEvents   = 1600 // the resume point's age in events: 40 windows
-	deepNS       = 16   // namespaces, spread over both pod shards
-	deepPods     = 20   // per namespace
+	deepNS   = 16 // namespaces, spread over both pod shards
+	deepPods = 20 // per namespace
 	// deepHeapBound is the most heap fanout or a cache may have in use
 	// during the replays. Holding every replayed event, as a replay that
 	// collects before it writes does, takes about 500 MiB here.
@@ -38,7 +44,24 @@ const (
 	deepHeapAfter = 96 << 20
 )
 
+// deepScale is the run's number of watchers and the resume point's age in
+// events (see above).
+func deepScale(t *testing.T) (watchers, events int) {
+	watchers, events = 200, 1600
+	for name, v := range map[string]*int{"HERALD_DEEP_WATCHERS": &watchers, "HERALD_DEEP_EVENTS": &events} {
+		if s := os.Getenv(name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				t.Fatalf("%s=%q: want a positive number", name, s)
+			}
+			*v = n
+		}
+	}
+	return watchers, max(events, deepNS*deepPods)
+}
+
 func TestDeepResumeIsBounded(t *testing.T) {
+	deepWatchers, deepEvents := deepScale(t)
 	e := startStack(t, stack.Options{
 		CacheShards: []stack.CacheShard{{Resources: "pods", Partitions: "0-7", Replicas: 1}, {Replicas: 1}},
 		Flags: map[string][]string{
@@ -46,7 +69,9 @@ func TestDeepResumeIsBounded(t *testing.T) {
 			"fanout": {"--ring-size=40", "--bookmark-interval=500ms"},
 		},
 	})
-	ctx := testContext(t, 4*time.Minute)
+	// 4 minutes for the default scale; a larger run gets time in
+	// proportion to the events it delivers.
+	ctx := testContext(t, max(4*time.Minute, time.Duration(deepWatchers*deepEvents/100_000)*time.Minute))
 	procs := []*stack.Proc{e.Proc("fanout-0"), e.Proc("cache-0-0"), e.Proc("cache-1-0")}
 
 	// The history: pods created and updated (about 750 bytes each) in

@@ -363,14 +363,15 @@ func TestStateIsOneRevisionAcrossShards(t *testing.T) {
 		}
 		return []*heraldv1.Event{cachetest.Bookmark(req.AfterRevision), cachetest.Event(modified, 10, "b"), cachetest.Bookmark(11)}
 	})
-	st, err := c.Watch(t.Context(), &heraldv1.WatchRequest{Resource: "pods", InitialEvents: true, Consistent: true})
+	st, err := c.Watch(t.Context(), &heraldv1.WatchRequest{Resource: "pods", InitialEvents: true, Consistent: true,
+		LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	recvShape(t, st, "3", "5")
 	recvShape(t, st, "4")
-	if second.StateRevision != 9 || second.Consistent {
-		t.Fatalf("second shard asked %+v, want the state exactly at 9", second)
+	if second.StateRevision != 9 || second.Consistent || second.LabelSelector != "app=web" || second.FieldSelector != "spec.nodeName=n1" {
+		t.Fatalf("second shard asked %+v, want the state exactly at 9 under the watcher's selectors", second)
 	}
 	recvShape(t, st, "b9")
 	recvShape(t, st, "10", "b11") // then what follows, merged

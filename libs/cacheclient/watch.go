@@ -129,7 +129,11 @@ func (s *stream) state() func() (*heraldv1.WatchResponse, error) {
 				}
 				req := s.req
 				if i > 0 {
-					req = &heraldv1.WatchRequest{Resource: req.Resource, Namespace: req.Namespace, InitialEvents: true, StateRevision: rev}
+					// The other shards' state at the first shard's
+					// revision, under the same selectors: each shard
+					// sends only what the watcher sees.
+					req = &heraldv1.WatchRequest{Resource: req.Resource, Namespace: req.Namespace, InitialEvents: true, StateRevision: rev,
+						LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector}
 				}
 				var ctx context.Context
 				ctx, cancel = context.WithCancel(s.ctx)

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"net/http"
 
 	"google.golang.org/grpc/codes"
@@ -8,6 +9,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
+
+// TooLargeMessage starts the message of the cache's DeadlineExceeded for a
+// revision it has not reached in time (kube-apiserver's words).
+const TooLargeMessage = "Too large resource version"
 
 // FromGRPC converts an error of the cache's gRPC contract (see
 // herald.proto) into the Kubernetes API error a client gets.
@@ -32,11 +37,15 @@ func FromGRPC(err error) error {
 	case codes.OutOfRange:
 		return mk(http.StatusGone, metav1.StatusReasonExpired, nil)
 	case codes.DeadlineExceeded:
+		d := &metav1.StatusDetails{RetryAfterSeconds: 1}
+		if msg != context.DeadlineExceeded.Error() {
+			// The cache's own "not reached in time" is a too-large
+			// resourceVersion (client-go relists on it); a call that ran
+			// out of its own time is a plain timeout.
+			d.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: TooLargeMessage}}
+		}
 		msg = "Timeout: " + msg // as apierrors.NewTimeoutError words it
-		return mk(http.StatusGatewayTimeout, metav1.StatusReasonTimeout, &metav1.StatusDetails{
-			Causes:            []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}},
-			RetryAfterSeconds: 1,
-		})
+		return mk(http.StatusGatewayTimeout, metav1.StatusReasonTimeout, d)
 	case codes.ResourceExhausted:
 		return mk(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, &metav1.StatusDetails{RetryAfterSeconds: 1})
 	case codes.Unavailable, codes.Canceled, codes.Aborted:

@@ -7,6 +7,14 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
+// ValueDecoder reads a stored value as an object of its resource:
+// kube.Decoder, or one that remembers what it decoded.
+type ValueDecoder interface {
+	Decode(ctx context.Context, r *kube.Resource, key, namespace, name string, value []byte, rev int64) (*kube.Object, error)
+}
+
+var _ ValueDecoder = (*kube.Decoder)(nil)
+
 // Event makes the watch event of change c, at revision rev, to the object
 // name in namespace of resource r (as the registry parsed c.Key), reading
 // stored values with dec (the consumer's one way to decode a value). prev
@@ -21,7 +29,7 @@ import (
 // kube.ErrInvalidObject) for a PUT whose value cannot be served as an object
 // of r (corrupt, undecryptable, stripped by ingest for its size, ...), which
 // consumers skip; otherwise it is prev's error.
-func Event(ctx context.Context, dec *kube.Decoder, r *kube.Resource, namespace, name string, rev int64, c *heraldv1.Change, prev func() (*kube.Object, error)) (ev *heraldv1.Event, obj *kube.Object, err error) {
+func Event(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespace, name string, rev int64, c *heraldv1.Change, prev func() (*kube.Object, error)) (ev *heraldv1.Event, obj *kube.Object, err error) {
 	ev = &heraldv1.Event{Revision: rev, Namespace: namespace, Name: name}
 	switch c.Kind {
 	case heraldv1.Change_PUT:

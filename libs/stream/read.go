@@ -102,14 +102,22 @@ func HistoryStart(ctx context.Context, s Reader) (int64, error) {
 	if info.State.Msgs == 0 {
 		return 0, ErrEmpty
 	}
-	first, err := ReadAt(ctx, s, info.State.FirstSeq)
+	return RevisionBefore(ctx, s, info.State.FirstSeq)
+}
+
+// RevisionBefore returns the revision after which the stream, read from
+// sequence seq on, is complete: the state at that revision plus every
+// record from seq is the state at the stream's head. The record at seq
+// tells, as for HistoryStart (which is RevisionBefore the first sequence).
+func RevisionBefore(ctx context.Context, s Reader, seq uint64) (int64, error) {
+	rec, err := ReadAt(ctx, s, seq)
 	if err != nil {
 		return 0, err
 	}
-	if !IsMarker(first) && first.Part == 0 {
-		return first.Revision - 1, nil
+	if !IsMarker(rec) && rec.Part == 0 {
+		return rec.Revision - 1, nil
 	}
-	return first.Revision, nil
+	return rec.Revision, nil
 }
 
 // RevProbeKey is the key read to learn etcd's current revision: a

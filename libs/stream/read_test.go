@@ -120,6 +120,13 @@ func TestRead(t *testing.T) {
 		}
 	}
 
+	// Where the history read from a sequence on is complete.
+	for seq, want := range map[uint64]int64{1: 10, 2: 11, 3: 14, 4: 15, 5: 15, 6: 16, 7: 19, 8: 20} {
+		if got, err := RevisionBefore(ctx, st, seq); got != want || err != nil {
+			t.Errorf("RevisionBefore(%d) = %d, %v; want %d", seq, got, err, want)
+		}
+	}
+
 	// Where the complete history starts, as old messages age out.
 	for _, tc := range []struct {
 		keepFrom uint64

@@ -57,3 +57,60 @@ func TestWaitForRunsOnTheClock(t *testing.T) {
 		t.Fatalf("waitFor a reached revision = %v", err)
 	}
 }
+
+// A watch resuming after a revision the shard has not reached waits as long
+// as the shard keeps applying revisions (a replica catching up after its
+// start), up to the catch-up cap; without progress for the wait timeout it
+// fails as too large. (Real time: the head advances on a ticker.)
+func TestWaitCatchingUp(t *testing.T) {
+	_, s := testServer(t, newWindow(t, 10), snapRev, 1)
+	s.cfg.WaitTimeout = 300 * time.Millisecond
+	s.cfg.CatchUpTimeout = time.Hour
+	advance := func(every time.Duration, until int64) (stop func()) {
+		done := make(chan struct{})
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for rev := s.Head() + 1; rev <= until; rev++ {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+					s.setHead(rev)
+				}
+			}
+		}()
+		return func() { close(done); <-stopped }
+	}
+
+	// Catching up for 4 wait timeouts: the watch waits it out.
+	target := s.Head() + 60
+	stop := advance(20*time.Millisecond, target)
+	start := time.Now()
+	err := s.waitCatchingUp(t.Context(), target, "pods")
+	stop()
+	if err != nil || s.Head() < target {
+		t.Fatalf("waitCatchingUp while the shard catches up = %v after %v (head %d, want %d)", err, time.Since(start), s.Head(), target)
+	}
+	// A read (not a resume) keeps its plain bound.
+	stop = advance(50*time.Millisecond, 1<<62)
+	if err := s.waitFor(t.Context(), s.Head()+1000, "pods"); !errors.Is(err, errTooLarge) {
+		t.Errorf("waitFor while the shard catches up = %v, want errTooLarge after wait-timeout", err)
+	}
+	// The cap bounds even a shard that keeps going.
+	s.cfg.CatchUpTimeout = time.Second
+	start = time.Now()
+	err = s.waitCatchingUp(t.Context(), 1<<62, "pods")
+	stop()
+	if !errors.Is(err, errTooLarge) || time.Since(start) < time.Second {
+		t.Errorf("waitCatchingUp past the cap = %v after %v, want errTooLarge after 1s", err, time.Since(start))
+	}
+	// No progress: too large after the wait timeout.
+	s.cfg.CatchUpTimeout = time.Hour
+	start = time.Now()
+	if err := s.waitCatchingUp(t.Context(), s.Head()+1, "pods"); !errors.Is(err, errTooLarge) || time.Since(start) < s.cfg.WaitTimeout {
+		t.Errorf("waitCatchingUp without progress = %v after %v, want errTooLarge after the wait timeout", err, time.Since(start))
+	}
+}

@@ -36,6 +36,14 @@ type Config struct {
 	// at rest. Empty: nothing is encrypted.
 	EncryptionConfig string
 	DeepReplays      int
+	// DeepReplayCache bounds the decoded history deep replays share.
+	DeepReplayCache int
+	// WindowRebuild: at start, the windows are rebuilt from up to this
+	// many of the stream's last messages; 0: they start empty.
+	WindowRebuild int
+	// CatchUpTimeout bounds how long a watch resuming after a revision the
+	// shard has not reached waits while the shard keeps applying revisions.
+	CatchUpTimeout time.Duration
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -55,6 +63,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxRecvBytes, "grpc.max-recv-bytes", 1<<20, "Largest gRPC request accepted.")
 	fs.StringVar(&c.EncryptionConfig, "encryption-config", "", "kube-apiserver's EncryptionConfiguration file (apiserver.config.k8s.io/v1, as given to its --encryption-provider-config): decrypts values encrypted at rest (aescbc, aesgcm, secretbox, identity; KMS values are skipped). Empty: nothing is encrypted.")
 	fs.IntVar(&c.DeepReplays, "deep-replay.concurrency", 4, "Deep resumes (watches older than the window, replayed from the stream) served at once; more wait their turn.")
+	fs.IntVar(&c.DeepReplayCache, "deep-replay.cache-bytes", 16<<20, "Bytes of decoded objects deep replays share (the most recently read values of the stream's history): replays running side by side over the same records decode each once.")
+	fs.IntVar(&c.WindowRebuild, "window.rebuild-messages", 10000, "At start, rebuild the windows from up to this many of the stream's last messages (etcd's state before them, then the stream), so that watches resuming from revisions shortly before a restart are served from memory instead of replayed from the stream one by one; 0 starts with empty windows at etcd's current revision.")
+	fs.DurationVar(&c.CatchUpTimeout, "watch.catch-up-timeout", 30*time.Second, "How long a watch resuming after a revision the shard has not reached yet waits while the shard is catching up (applying revisions, as after a restart); without progress for wait-timeout it fails as too large.")
 }
 
 // Validate reports configuration errors.
@@ -80,6 +91,12 @@ func (c *Config) Validate() error {
 	}
 	if c.WaitTimeout <= 0 || c.SubscriberBuffer < 1 || c.DeepReplays < 1 {
 		errs = append(errs, errors.New("wait-timeout, subscriber-buffer and deep-replay.concurrency must be positive"))
+	}
+	if c.WindowRebuild < 0 || c.DeepReplayCache < 0 {
+		errs = append(errs, errors.New("window.rebuild-messages and deep-replay.cache-bytes must not be negative"))
+	}
+	if c.CatchUpTimeout < c.WaitTimeout {
+		errs = append(errs, errors.New("watch.catch-up-timeout must be at least wait-timeout"))
 	}
 	return errors.Join(errs...)
 }

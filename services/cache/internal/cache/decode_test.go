@@ -34,7 +34,7 @@ func TestApplyDecodesWhatKubeAPIServerStores(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	promReg := prometheus.NewRegistry()
-	cfg := Config{DefaultWindowSize: 10, WaitTimeout: 1, SubscriberBuffer: 1, DeepReplays: 1, EncryptionConfig: encFile}
+	cfg := Config{DefaultWindowSize: 10, WaitTimeout: 1, CatchUpTimeout: 1, SubscriberBuffer: 1, DeepReplays: 1, EncryptionConfig: encFile}
 	cfg.EtcdEndpoints = "http://127.0.0.1:1"
 	cfg.Prefix = kube.DefaultPrefix
 	s, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), promReg)
@@ -125,7 +125,7 @@ func TestNewRefusesABadEncryptionConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, file := range []string{filepath.Join(dir, "missing.yaml"), invalid} {
-		cfg := Config{DefaultWindowSize: 10, WaitTimeout: 1, SubscriberBuffer: 1, DeepReplays: 1, EncryptionConfig: file}
+		cfg := Config{DefaultWindowSize: 10, WaitTimeout: 1, CatchUpTimeout: 1, SubscriberBuffer: 1, DeepReplays: 1, EncryptionConfig: file}
 		cfg.EtcdEndpoints = "http://127.0.0.1:1"
 		cfg.Prefix = kube.DefaultPrefix
 		if _, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err == nil || !strings.Contains(err.Error(), "encryption-config") {

@@ -27,12 +27,23 @@ import (
 // as they come (send blocks on the gRPC stream's flow control, so a slow
 // reader slows the replay, it does not buffer it), and only the last state
 // of each object met on the way is kept. At most --deep-replay.concurrency
-// replays run at once; the others wait for a slot. The replay stops as soon
-// as ctx ends (its client went away).
+// replays run at once, each with one stream consumer that it deletes when it
+// ends; the others wait for a slot. The replay stops as soon as ctx ends
+// (its client went away).
 func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
+	// Everything a replay asks of NATS (the stream's bounds, the binary
+	// search for its start, its consumer) happens inside its slot: a wave
+	// of resumes costs the server at most --deep-replay.concurrency readers
+	// at a time, however many wait.
+	release, err := s.deep.Acquire(ctx)
+	if err != nil {
+		return status.FromContextError(err).Err()
+	}
+	defer release()
+	s.m.deepReplays.Inc()
 	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
@@ -40,11 +51,6 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 	if start, err := stream.HistoryStart(ctx, st); err != nil || after < start {
 		return tooOld()
 	}
-	release, err := s.deep.Acquire(ctx)
-	if err != nil {
-		return status.FromContextError(err).Err()
-	}
-	defer release()
 	seq, err := stream.SeqAfter(ctx, st, after)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
@@ -64,15 +70,9 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 	default:
 		subjects = append(subjects, stream.Filter(rs.res))
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq,
-	})
+	it, err := stream.Consume(ctx, st, subjects, seq)
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "stream consumer: %v", err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "stream consumer: %v", err)
+		return status.Errorf(codes.Unavailable, "%v", err)
 	}
 	defer it.Stop()
 	seen := map[string]*kube.Object{}
@@ -128,7 +128,7 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}
-	ev, obj, err := stream.Event(ctx, s.dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+	ev, obj, err := stream.Event(ctx, s.history, r, ns, name, rev, c, func() (*kube.Object, error) {
 		switch {
 		case c.Kind == heraldv1.Change_DELETE:
 			return seen[c.Key], nil
@@ -167,7 +167,7 @@ func (s *Shard) previous(ctx context.Context, r *kube.Resource, ns, name, key st
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	o, err := s.dec.Decode(ctx, r, key, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	o, err := s.history.Decode(ctx, r, key, ns, name, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 	if err != nil {
 		return nil, nil // skipped when it was applied, too
 	}

@@ -224,7 +224,8 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 
 // waitForWatch waits until the shard has reached the revision req needs:
 // the state's (exact, at least min_revision, or etcd's current one) or the
-// one it resumes after.
+// one it resumes after (for as long as the shard is catching up: see
+// waitCatchingUp).
 func (v *Server) waitForWatch(ctx context.Context, req *heraldv1.WatchRequest, resource string) error {
 	rev := req.AfterRevision
 	switch {
@@ -242,6 +243,9 @@ func (v *Server) waitForWatch(ctx context.Context, req *heraldv1.WatchRequest, r
 	}
 	if rev <= 0 {
 		return nil
+	}
+	if !req.InitialEvents {
+		return errStatus(v.s.waitCatchingUp(ctx, rev, resource))
 	}
 	return errStatus(v.s.waitFor(ctx, rev, resource))
 }

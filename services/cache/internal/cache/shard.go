@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
@@ -58,22 +59,30 @@ type metrics struct {
 	e2eLatency prometheus.Histogram
 	resyncs    prometheus.Counter
 	gaps       prometheus.Counter
+	// deepReplays: replays read from the stream (started, once their
+	// slot is free); rebuilt: revisions replayed into the windows at start.
+	deepReplays prometheus.Counter
+	rebuilt     prometheus.Counter
+	historyHits *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
-		received: f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_watch_cache_events_received_total", Help: "Events applied to the cache, by resource."}, []string{"resource"}),
-		skipped:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_undecodable_values_total", Help: "Stored values skipped because they cannot be decrypted or decoded as objects of their resource, by resource and reason."}, []string{"resource", "reason"}),
-		head:     f.NewGauge(prometheus.GaugeOpts{Name: "apiserver_watch_cache_resource_version", Help: "The revision the shard has applied."}),
-		capacity: f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_watch_cache_capacity", Help: "Window capacity in events, by resource."}, []string{"resource"}),
-		lists:    f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_cache_list_total", Help: "LIST requests served from the cache, by resource."}, []string{"resource"}),
-		listTime: f.NewHistogramVec(prometheus.HistogramOpts{Name: "herald_cache_list_duration_seconds", Help: "Time to serve a LIST, waiting included.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"resource"}),
-		readWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_watch_cache_read_wait_seconds", Help: "Time reads waited for the shard to reach a revision.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"resource"}),
-		subs:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_cache_watch_streams", Help: "Following watch streams, by resource."}, []string{"resource"}),
-		subsCut:  f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_watch_streams_terminated_total", Help: "Following watch streams cut off, by reason."}, []string{"reason"}),
-		resyncs:  f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker or a gap in the consumed stream."}),
-		gaps:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_stream_gaps_total", Help: "Gaps in the consumed stream: messages the shard had not consumed were gone from the stream (aged out, purged) when it read on; each is a rebuild."}),
+		received:    f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_watch_cache_events_received_total", Help: "Events applied to the cache, by resource."}, []string{"resource"}),
+		skipped:     f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_undecodable_values_total", Help: "Stored values skipped because they cannot be decrypted or decoded as objects of their resource, by resource and reason."}, []string{"resource", "reason"}),
+		head:        f.NewGauge(prometheus.GaugeOpts{Name: "apiserver_watch_cache_resource_version", Help: "The revision the shard has applied."}),
+		capacity:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "apiserver_watch_cache_capacity", Help: "Window capacity in events, by resource."}, []string{"resource"}),
+		lists:       f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_cache_list_total", Help: "LIST requests served from the cache, by resource."}, []string{"resource"}),
+		listTime:    f.NewHistogramVec(prometheus.HistogramOpts{Name: "herald_cache_list_duration_seconds", Help: "Time to serve a LIST, waiting included.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"resource"}),
+		readWait:    f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_watch_cache_read_wait_seconds", Help: "Time reads waited for the shard to reach a revision.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"resource"}),
+		subs:        f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_cache_watch_streams", Help: "Following watch streams, by resource."}, []string{"resource"}),
+		subsCut:     f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_watch_streams_terminated_total", Help: "Following watch streams cut off, by reason."}, []string{"reason"}),
+		resyncs:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_resyncs_total", Help: "Rebuilds from an etcd snapshot caused by a resync marker or a gap in the consumed stream."}),
+		gaps:        f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_stream_gaps_total", Help: "Gaps in the consumed stream: messages the shard had not consumed were gone from the stream (aged out, purged) when it read on; each is a rebuild."}),
+		deepReplays: f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_deep_replays_total", Help: "Deep resumes started: watches older than the window replayed from the stream's history."}),
+		historyHits: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_deep_replay_decodes_total", Help: "Values deep replays needed decoded, by result: hit (another replay had decoded it, deep-replay.cache-bytes) or miss."}, []string{"result"}),
+		rebuilt:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_window_rebuild_revisions_total", Help: "Revisions read from the stream into the windows at start (window.rebuild-messages), so that resumes within them are served from memory after a restart."}),
 		e2eLatency: f.NewHistogram(prometheus.HistogramOpts{Name: "herald_cache_apply_latency_seconds", Help: "From ingest receiving a revision from etcd to the shard applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
@@ -84,7 +93,8 @@ type Shard struct {
 	cfg       Config
 	log       *slog.Logger
 	reg       *kube.Registry
-	dec       *kube.Decoder // the one way stored values are read (decode.go)
+	dec       *kube.Decoder   // the one way stored values are read (decode.go)
+	history   *historyDecoder // dec, remembered for deep replays
 	m         *metrics
 	resources map[string]*resourceState // by resource ID
 	deep      *service.Queue            // bounds concurrent deep replays
@@ -149,6 +159,7 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	for _, o := range opts {
 		o(s)
 	}
+	s.history = newHistoryDecoder(dec, cfg.DeepReplayCache, s.m.historyHits)
 	s.obs = newObsMetrics(promReg, s)
 	return s, nil
 }
@@ -206,12 +217,17 @@ func (s *Shard) subjects() []string {
 
 // Run connects, loads a snapshot and follows the stream until ctx ends.
 //
+// At start, the windows are rebuilt from the stream's recent history (see
+// warmStart), so that resumes from revisions shortly before the start are
+// served from memory rather than replayed from the stream one by one.
+//
 // When following breaks (NATS restarted, a consumer lost), the shard resumes
 // from the stream sequence after the last one it applied, keeping its state,
 // windows and subscribers: a broken consumer is invisible downstream. It
 // rebuilds from an etcd snapshot only when it must: at start, after a resync
 // marker, or when the stream no longer holds every message after the last
-// one it applied (a gap).
+// one it applied (a gap). Those rebuilds start at etcd's current revision
+// with empty windows: the history before a resync or a gap is not whole.
 func (s *Shard) Run(ctx context.Context) error {
 	etcdTLS, natsTLS, natsUser, err := s.cfg.Security(s.log)
 	if err != nil {
@@ -228,16 +244,24 @@ func (s *Shard) Run(ctx context.Context) error {
 	}
 	defer s.nc.Close()
 	go s.pollStreamLag(ctx)
+	return s.run(ctx)
+}
+
+// run is Run's loop over follow, once connected.
+func (s *Shard) run(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
 	var next uint64 // stream sequence to resume from; 0: rebuild from a snapshot
+	warm := s.cfg.WindowRebuild > 0
 	for ctx.Err() == nil {
-		next, err = s.follow(ctx, next)
+		var err error
+		next, err = s.follow(ctx, next, warm)
 		if ctx.Err() != nil {
 			break
 		}
 		if errors.Is(err, errResyncMarker) || errors.Is(err, errStreamGap) {
 			s.log.Warn("rebuilding from an etcd snapshot", "cause", err)
 			s.m.resyncs.Inc()
+			warm = false
 			backoff = 200 * time.Millisecond
 			continue
 		}
@@ -272,9 +296,43 @@ func (s *Shard) gap(ctx context.Context, st stream.Reader, next uint64) (bool, e
 	return info.State.FirstSeq > next || info.State.LastSeq+1 < next, nil
 }
 
-// follow applies the stream from sequence next (or from a fresh snapshot
-// when next is 0) until it fails; it returns the sequence to resume from.
-func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
+// warmStart chooses where a rebuild starts so that the windows hold recent
+// history: the revision before the stream's last window.rebuild-messages
+// messages (or its whole history, when it holds fewer). Loading etcd's
+// state at that revision and applying the stream from there gives the
+// windows every revision since, as if the shard had been running; a watch
+// resuming from one of them (every client of a replica that just restarted)
+// is served from memory. It returns 0 (start at etcd's current revision,
+// empty windows) when the stream holds nothing.
+func (s *Shard) warmStart(ctx context.Context, st stream.Reader) (int64, error) {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream info: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		return 0, nil
+	}
+	seq := info.State.FirstSeq
+	if n := uint64(s.cfg.WindowRebuild); info.State.LastSeq >= seq+n {
+		seq = info.State.LastSeq + 1 - n
+	}
+	for ; seq <= info.State.LastSeq; seq++ {
+		rev, err := stream.RevisionBefore(ctx, st, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // aged out meanwhile, or a hole left by a deleted message
+		}
+		return rev, err
+	}
+	return 0, nil
+}
+
+// follow applies the stream from sequence next (or, when next is 0, from a
+// fresh snapshot: at the revision warmStart chooses when warm, else at
+// etcd's current revision) until it fails; it returns the sequence to
+// resume from. After a snapshot the shard is ready only once it has applied
+// what the stream held when it started reading: a replica serves no
+// revision older than the stream's head at its start.
+func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, error) {
 	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return next, fmt.Errorf("stream %s: %w", s.cfg.Stream, err)
@@ -289,34 +347,58 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 			return 0, fmt.Errorf("%w: the stream no longer holds the resume point %d", errStreamGap, next)
 		}
 	}
+	var rebuildFrom int64 // a warm start's first revision; 0: none
 	if next == 0 {
 		s.ready.Store(false)
-		rev, err := s.loadSnapshot(ctx)
+		var at int64 // 0: etcd's current revision
+		if warm {
+			if at, err = s.warmStart(ctx, st); err != nil {
+				return 0, err
+			}
+		}
+		rev, err := s.loadSnapshot(ctx, at)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			s.log.Warn("etcd compacted the revision the windows would be rebuilt from; starting with empty windows", "revision", at)
+			rev, err = s.loadSnapshot(ctx, 0)
+		}
 		if err != nil {
 			return 0, err
 		}
 		if next, err = stream.SeqAfter(ctx, st, rev); err != nil {
 			return 0, err
 		}
-		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resources))
+		if at > 0 && rev == at {
+			rebuildFrom = rev
+		}
+		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resources), "rebuildingWindows", rebuildFrom > 0)
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: s.subjects(),
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    next,
-	})
+	info, err := st.Info(ctx)
 	if err != nil {
-		return next, fmt.Errorf("consumer: %w", err)
+		return next, fmt.Errorf("stream info: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	catchUp := info.State.LastSeq // ready once applied (or nothing of ours is left before it)
+	it, err := stream.Consume(ctx, st, s.subjects(), next, jetstream.PullMaxMessages(512))
 	if err != nil {
-		return next, fmt.Errorf("consuming: %w", err)
+		return next, err
 	}
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	s.ready.Store(true)
-	s.firstOnce.Do(func() { close(s.firstUp) })
+	caughtUp := func() {
+		if s.ready.Load() {
+			return
+		}
+		if rebuildFrom > 0 {
+			s.log.Info("windows rebuilt from the stream", "from", rebuildFrom, "to", s.head.Load())
+		}
+		s.ready.Store(true)
+		s.firstOnce.Do(func() { close(s.firstUp) })
+	}
+	if pending, err := it.Pending(ctx); err != nil {
+		return next, err
+	} else if pending == 0 || next > catchUp {
+		caughtUp()
+	}
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -349,17 +431,26 @@ func (s *Shard) follow(ctx context.Context, next uint64) (uint64, error) {
 			}
 		} else {
 			s.applyMsg(msg, meta, rec)
+			if !s.ready.Load() {
+				s.m.rebuilt.Inc()
+			}
 		}
 		next = meta.Sequence.Stream + 1
+		if meta.NumPending == 0 || next > catchUp {
+			caughtUp()
+		}
 	}
 }
 
-// loadSnapshot replaces every owned resource's state by etcd's current
-// state and returns its revision.
-func (s *Shard) loadSnapshot(ctx context.Context) (int64, error) {
-	rev, err := stream.CurrentRevision(ctx, s.etcd)
-	if err != nil {
-		return 0, err
+// loadSnapshot replaces every owned resource's state by etcd's state at
+// revision rev (0: its current one) and returns that revision. The error
+// wraps rpctypes.ErrCompacted when etcd no longer holds rev.
+func (s *Shard) loadSnapshot(ctx context.Context, rev int64) (int64, error) {
+	if rev == 0 {
+		var err error
+		if rev, err = stream.CurrentRevision(ctx, s.etcd); err != nil {
+			return 0, err
+		}
 	}
 	for _, rs := range s.resources {
 		t := btree.NewG(32, lessEntry)
@@ -418,6 +509,22 @@ func (s *Shard) setHead(rev int64) {
 // waitFor blocks until the shard has applied rev, asking the ingest leader
 // for progress markers meanwhile; it fails after the configured timeout.
 func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
+	return s.wait(ctx, rev, resource, false)
+}
+
+// waitCatchingUp is waitFor for a watch resuming after rev: as long as the
+// shard keeps applying revisions (a replica that just started, applying
+// the stream's backlog), it waits on, up to watch.catch-up-timeout; only a
+// whole wait-timeout without progress, or the cap, fails it as too large.
+// The client got rev from another replica, or from this one before a
+// restart, so the shard is on its way there: answering "too large" would
+// make client-go relist, and a relist storm is what a restart must not
+// cause.
+func (s *Shard) waitCatchingUp(ctx context.Context, rev int64, resource string) error {
+	return s.wait(ctx, rev, resource, true)
+}
+
+func (s *Shard) wait(ctx context.Context, rev int64, resource string, catchUp bool) error {
 	if s.head.Load() >= rev {
 		return nil
 	}
@@ -426,6 +533,12 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 	defer func() { s.m.readWait.WithLabelValues(resource).Observe(clk.Since(start).Seconds()) }()
 	deadline := clk.NewTimer(s.cfg.WaitTimeout)
 	defer deadline.Stop()
+	var limit <-chan time.Time // the catch-up cap
+	if catchUp {
+		capT := clk.NewTimer(s.cfg.CatchUpTimeout)
+		defer capT.Stop()
+		limit = capT.C()
+	}
 	tick := clk.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	s.nc.Publish(stream.SubjectProgressRequest, nil)
@@ -438,9 +551,21 @@ func (s *Shard) waitFor(ctx context.Context, rev int64, resource string) error {
 		}
 		select {
 		case <-ch:
+			if catchUp {
+				// Progress: a fresh wait-timeout from here.
+				if !deadline.Stop() {
+					select {
+					case <-deadline.C():
+					default:
+					}
+				}
+				deadline.Reset(s.cfg.WaitTimeout)
+			}
 		case <-tick.C():
 			s.nc.Publish(stream.SubjectProgressRequest, nil)
 		case <-deadline.C():
+			return &tooLargeError{requested: rev, current: s.head.Load()}
+		case <-limit:
 			return &tooLargeError{requested: rev, current: s.head.Load()}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -532,7 +657,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 		s.m.received.WithLabelValues(rs.res.ID()).Add(float64(len(b.evs)))
 	}
 	s.setHead(rev)
-	if rec.ObservedUnixNano > 0 {
+	if rec.ObservedUnixNano > 0 && s.ready.Load() { // not the history a start rebuilds
 		s.m.e2eLatency.Observe(time.Since(time.Unix(0, rec.ObservedUnixNano)).Seconds())
 	}
 }

@@ -13,7 +13,6 @@
 package fanout
 
 import (
-	"compress/gzip"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -187,6 +186,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	h := s.hub(info.Resource)
 	if !h.waitSynced(r.Context(), s.cfg.UpstreamWait) {
+		if plan.Mode == rv.WatchAfter {
+			// A resume (every watch of a wave after the caches
+			// restarted): 429, on which client-go retries the watch
+			// from its resourceVersion; on a 503 it would relist.
+			kube.WriteStatus(w, apierrors.NewTooManyRequests("the watch cache is not ready yet; resume from the same resourceVersion", 1))
+			return
+		}
 		kube.WriteStatus(w, apierrors.NewServiceUnavailable("the watch cache is not ready yet"))
 		return
 	}
@@ -206,9 +212,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// state, and only when asked: compressing every event for every watcher
 	// would undo encode-once (kube-apiserver never compresses watches).
 	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && service.AcceptsGzip(r) {
-		gz := service.GzipResponse(w)
-		defer gz.Close()
-		st.gz = gz
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Add("Vary", "Accept-Encoding")
+		st.gz = newGzipStream(w)
+		defer st.gz.Close()
 	}
 	// Trace lines are lines: only in a JSON stream.
 	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
@@ -228,10 +235,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	last, err := s.start(ctx, st, h, wt, info, plan)
 	if err != nil {
 		if ctx.Err() == nil {
-			st.raw(st.enc.errorEvent(st.f, kube.FromGRPC(err)))
+			st.raw(st.enc.errorEvent(st.f, startError(err, plan)))
 			st.flush()
 		}
 		return
+	}
+	if wr.AllowWatchBookmarks && plan.Mode == rv.WatchAfter {
+		// A resumed watch says at once where it stands: client-go takes a
+		// watch that ends within a second with nothing received for a
+		// failure and relists, and a watch that resumed just before its
+		// replica or cache dies (a restart wave) ends exactly so.
+		st.bookmark(max(last, st.last), false)
+		st.flush()
 	}
 	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
 }
@@ -242,8 +257,12 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
+		// The selectors travel with the request: the cache sends only the
+		// objects this watcher sees (a kubelet's two pods, not every pod
+		// of the cluster for each of thousands of kubelets).
 		rev, err := s.initialState(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
-			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent})
+			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
+			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String()})
 		if err != nil {
 			return 0, err
 		}
@@ -286,6 +305,37 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 		}
 		last = max(last, rev)
 	}
+}
+
+// startError is the ERROR event's status for a watch whose start failed.
+// A resume (a resourceVersion given, no initial state) that failed for a
+// reason that passes — a cache restarting or unreachable, a replay cut or
+// out of time — is told 429 Too Many Requests: client-go backs off and
+// resumes from the same resourceVersion on 429, whereas any other ERROR
+// event makes it relist, and a wave of resumes after a restart must not
+// become a relist storm. What is final is passed on as the cache said it:
+// 410 (the history is gone), a too-large resourceVersion (as
+// kube-apiserver), errors of the request itself.
+func startError(err error, plan rv.WatchPlan) error {
+	if plan.Mode != rv.WatchAfter {
+		return kube.FromGRPC(err)
+	}
+	st, ok := status.FromError(err)
+	transient := !ok
+	if ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.Aborted, codes.Canceled, codes.ResourceExhausted, codes.Internal, codes.Unknown:
+			transient = true
+		case codes.DeadlineExceeded:
+			// A call that ran out of its own time; the cache's "not
+			// reached in time" is final (a too-large resourceVersion).
+			transient = st.Message() == context.DeadlineExceeded.Error()
+		}
+	}
+	if !transient {
+		return kube.FromGRPC(err)
+	}
+	return apierrors.NewTooManyRequests("the watch could not be resumed yet ("+err.Error()+"); resume from the same resourceVersion", 1)
 }
 
 // initialState writes the synthetic ADDED events of the state and returns
@@ -414,7 +464,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 // stream writes one client's watch response.
 type stream struct {
 	w         http.ResponseWriter
-	gz        *gzip.Writer // nil: uncompressed
+	gz        *gzipStream // nil: uncompressed
 	rc        *http.ResponseController
 	res       *kube.Resource
 	f         format

@@ -21,8 +21,10 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
 )
 
@@ -462,6 +464,13 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *
 		case p.kick <- struct{}{}:
 		default:
 		}
+	}
+	if wr.Plan.Mode == rv.WatchAfter {
+		// A resume: 429, on which client-go retries the watch from its
+		// resourceVersion (on a 503 it relists: a storm of LISTs when
+		// every replica restarts at once).
+		kube.WriteStatus(w, apierrors.NewTooManyRequests("no watch server is reachable; resume from the same resourceVersion", 1))
+		return
 	}
 	kube.WriteStatus(w, errUnavailable("no watch server is reachable, please try again"))
 }
