@@ -335,25 +335,10 @@ func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
 		}
 	}
 	// Not scheduled: deleted at once (no kubelet to wait for).
-	code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/pods",
+	podUID := createForUID(t, ctx, c, "/api/v1/namespaces/demo/pods",
 		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"holder"},"spec":{"serviceAccountName":"bound","automountServiceAccountToken":false,
 		"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`)
-	var pod struct {
-		Metadata struct{ UID string } `json:"metadata"`
-	}
-	if json.Unmarshal([]byte(body), &pod); code != http.StatusCreated || pod.Metadata.UID == "" {
-		t.Fatalf("create pod: %d %s", code, clip(body))
-	}
-	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
-		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
-		"boundObjectRef":{"apiVersion":"v1","kind":"Pod","name":"holder","uid":%q}}}`, pod.Metadata.UID))
-	var tr struct {
-		Status struct{ Token string } `json:"status"`
-	}
-	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
-		t.Fatalf("TokenRequest: %d %s", code, clip(body))
-	}
-	tok := tr.Status.Token
+	tok := boundToken(t, ctx, c, "Pod", "holder", podUID)
 	const read = "/api/v1/namespaces/demo/configmaps/settings"
 	waitCode(t, ctx, c, tok, read, http.StatusOK, time.Now(), 15*time.Second)
 	const whoami = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
@@ -361,54 +346,59 @@ func testBoundToken(t *testing.T, ctx context.Context, c *clusterEnv) {
 	if code, body := c.call(ctx, c.FrontdoorURL, tok, http.MethodPost, whoami, review); code != http.StatusCreated || !strings.Contains(body, `"authentication.kubernetes.io/pod-name":["holder"]`) {
 		t.Errorf("whoami with the bound token: %d %s", code, clip(body))
 	}
-	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/namespaces/demo/pods/holder", ""); code != http.StatusOK {
-		t.Fatalf("delete pod: %d %s", code, clip(body))
-	}
+	deleteObject(t, ctx, c, "/api/v1/namespaces/demo/pods/holder")
 	waitCode(t, ctx, c, tok, read, http.StatusUnauthorized, time.Now(), 2*time.Second) // well within the review cache's 10 s
 	if code, body := c.call(ctx, c.FrontdoorURL, tok, http.MethodPost, whoami, review); code != http.StatusUnauthorized {
 		t.Errorf("forwarded request with the token of a deleted pod: %d %s", code, clip(body))
 	}
 
-	// The same for a token bound to a Node.
-	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/nodes", `{"apiVersion":"v1","kind":"Node","metadata":{"name":"token-holder"}}`)
-	var node struct {
-		Metadata struct{ UID string } `json:"metadata"`
+	// The same for a token bound to a Node, and for one bound to a Secret
+	// (which only the token's claims name).
+	for _, o := range []struct{ kind, collection, body string }{
+		{"Node", "/api/v1/nodes", `{"apiVersion":"v1","kind":"Node","metadata":{"name":"token-holder"}}`},
+		{"Secret", "/api/v1/namespaces/demo/secrets", `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"token-holder"},"data":{"k":"dg=="}}`},
+	} {
+		tok := boundToken(t, ctx, c, o.kind, "token-holder", createForUID(t, ctx, c, o.collection, o.body))
+		waitCode(t, ctx, c, tok, read, http.StatusOK, time.Now(), 15*time.Second)
+		deleteObject(t, ctx, c, o.collection+"/token-holder")
+		waitCode(t, ctx, c, tok, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
 	}
-	if json.Unmarshal([]byte(body), &node); code != http.StatusCreated || node.Metadata.UID == "" {
-		t.Fatalf("create node: %d %s", code, clip(body))
-	}
-	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
-		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
-		"boundObjectRef":{"apiVersion":"v1","kind":"Node","name":"token-holder","uid":%q}}}`, node.Metadata.UID))
-	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
-		t.Fatalf("TokenRequest bound to a node: %d %s", code, clip(body))
-	}
-	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusOK, time.Now(), 15*time.Second)
-	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/nodes/token-holder", ""); code != http.StatusOK {
-		t.Fatalf("delete node: %d %s", code, clip(body))
-	}
-	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
+}
 
-	// And for one bound to a Secret, which only the token's claims name.
-	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/secrets",
-		`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"token-holder"},"data":{"k":"dg=="}}`)
-	var secret struct {
+// createForUID creates an object as the admin and returns its uid.
+func createForUID(t *testing.T, ctx context.Context, c *clusterEnv, collection, body string) string {
+	t.Helper()
+	code, resp := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, collection, body)
+	var o struct {
 		Metadata struct{ UID string } `json:"metadata"`
 	}
-	if json.Unmarshal([]byte(body), &secret); code != http.StatusCreated || secret.Metadata.UID == "" {
-		t.Fatalf("create secret: %d %s", code, clip(body))
+	if json.Unmarshal([]byte(resp), &o); code != http.StatusCreated || o.Metadata.UID == "" {
+		t.Fatalf("POST %s: %d %s", collection, code, clip(resp))
 	}
-	code, body = c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
+	return o.Metadata.UID
+}
+
+// boundToken requests a token of ServiceAccount demo/bound bound to the
+// object kind/name with uid (TokenRequest with boundObjectRef).
+func boundToken(t *testing.T, ctx context.Context, c *clusterEnv, kind, name, uid string) string {
+	t.Helper()
+	code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, "/api/v1/namespaces/demo/serviceaccounts/bound/token",
 		fmt.Sprintf(`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600,
-		"boundObjectRef":{"apiVersion":"v1","kind":"Secret","name":"token-holder","uid":%q}}}`, secret.Metadata.UID))
+		"boundObjectRef":{"apiVersion":"v1","kind":%q,"name":%q,"uid":%q}}}`, kind, name, uid))
+	var tr struct {
+		Status struct{ Token string } `json:"status"`
+	}
 	if json.Unmarshal([]byte(body), &tr); code != http.StatusCreated || tr.Status.Token == "" {
-		t.Fatalf("TokenRequest bound to a secret: %d %s", code, clip(body))
+		t.Fatalf("TokenRequest bound to %s %s: %d %s", kind, name, code, clip(body))
 	}
-	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusOK, time.Now(), 15*time.Second)
-	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, "/api/v1/namespaces/demo/secrets/token-holder", ""); code != http.StatusOK {
-		t.Fatalf("delete secret: %d %s", code, clip(body))
+	return tr.Status.Token
+}
+
+func deleteObject(t *testing.T, ctx context.Context, c *clusterEnv, path string) {
+	t.Helper()
+	if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodDelete, path, ""); code != http.StatusOK {
+		t.Fatalf("DELETE %s: %d %s", path, code, clip(body))
 	}
-	waitCode(t, ctx, c, tr.Status.Token, read, http.StatusUnauthorized, time.Now(), 2*time.Second)
 }
 
 // testLocalIdentitiesRefused: frontdoor does not start in cluster mode with
