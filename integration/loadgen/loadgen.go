@@ -71,6 +71,20 @@ type Workload struct {
 	Mux int
 	// Proto of a watcher's own connection: "http1" (default) or "http2".
 	Proto string
+	// Protobuf: the pods are stored as kube-apiserver stores them by
+	// default (protobuf, Pods.Protobuf), kube-apiserver runs with its
+	// default protobuf storage, and the watchers ask for
+	// application/vnd.kubernetes.protobuf, as kubelets do. Otherwise
+	// everything is JSON.
+	Protobuf bool
+}
+
+// Encoding names the workload's storage and wire encoding, for reports.
+func (w Workload) Encoding() string {
+	if w.Protobuf {
+		return "protobuf"
+	}
+	return "JSON"
 }
 
 // Connections describes how the workload's watchers connect, for reports.

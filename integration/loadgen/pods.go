@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,23 +12,48 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // Pods is the fixed set of pods the writer changes: pod i lives in
 // namespace ns-<i%20>, on node node-<i%Nodes>. Each is about 1.2 KB of JSON,
-// a small real pod.
+// a small real pod; with Protobuf, the same pod as kube-apiserver stores it
+// by default (its protobuf serializer's "k8s\x00" envelope of a v1 Pod,
+// about 0.6 KB), at the same key.
 type Pods struct {
 	N, Nodes int
+	Protobuf bool
 	keys     []string
 	// Each value is head + write time + tail; the time sits in the
-	// WrittenAtAnnotation.
+	// WrittenAtAnnotation, always writtenAtLen digits, so that the
+	// protobuf value's length prefixes hold for every write.
 	head, tail []string
 }
 
-// NewPods lays out n pods over nodes nodes.
-func NewPods(n, nodes int) *Pods {
-	p := &Pods{N: n, Nodes: nodes, keys: make([]string, n), head: make([]string, n), tail: make([]string, n)}
-	const mark = "@@WRITTEN_AT@@"
+// writtenAtMark stands for the write time in a pod's template: as long as
+// the time's digits (writtenAtLen).
+const (
+	writtenAtMark = "@@WRITTEN_AT_NANO@@"
+	writtenAtLen  = len(writtenAtMark)
+)
+
+// NewPods lays out n pods over nodes nodes, stored as JSON.
+func NewPods(n, nodes int) *Pods { return newPods(n, nodes, false) }
+
+// NewProtobufPods lays out the same pods, stored as kube-apiserver's
+// protobuf.
+func NewProtobufPods(n, nodes int) *Pods { return newPods(n, nodes, true) }
+
+func newPods(n, nodes int, proto bool) *Pods {
+	p := &Pods{N: n, Nodes: nodes, Protobuf: proto, keys: make([]string, n), head: make([]string, n), tail: make([]string, n)}
+	const mark = writtenAtMark
+	var pb runtime.Serializer
+	if proto {
+		pb = protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	}
 	for i := range n {
 		ns, name := fmt.Sprintf("ns-%d", i%20), fmt.Sprintf("pod-%05d", i)
 		b, _ := json.Marshal(map[string]any{
@@ -48,16 +74,46 @@ func NewPods(n, nodes int) *Pods {
 				"containerStatuses": []map[string]any{{"name": "app", "ready": true, "restartCount": 0, "image": "registry.example/app:1.2.3", "started": true}}},
 		})
 		p.keys[i] = "/registry/pods/" + ns + "/" + name
-		p.head[i], p.tail[i], _ = strings.Cut(string(b), mark)
+		if proto {
+			b = protobufPod(pb, b)
+		}
+		var ok bool
+		if p.head[i], p.tail[i], ok = strings.Cut(string(b), mark); !ok {
+			panic("pod template without its write-time mark")
+		}
 	}
 	return p
+}
+
+// protobufPod is what kube-apiserver stores for the pod of JSON j: its
+// protobuf serializer's envelope of the v1 Pod (apimachinery's own
+// encoder, as kube-apiserver's storage codec uses it).
+func protobufPod(s runtime.Serializer, j []byte) []byte {
+	var pod corev1.Pod
+	if err := json.Unmarshal(j, &pod); err != nil {
+		panic(err)
+	}
+	var buf bytes.Buffer
+	if err := s.Encode(&pod, &buf); err != nil {
+		panic(err)
+	}
+	return buf.Bytes()
 }
 
 // Node is the spec.nodeName of pod i.
 func (p *Pods) Node(i int) string { return "node-" + strconv.Itoa(i%p.Nodes) }
 
 func (p *Pods) value(i int, at time.Time) string {
-	return p.head[i] + strconv.FormatInt(at.UnixNano(), 10) + p.tail[i]
+	return p.head[i] + writtenAt(at) + p.tail[i]
+}
+
+// writtenAt is at in Unix nanoseconds, zero-padded to writtenAtLen digits.
+func writtenAt(at time.Time) string {
+	s := strconv.FormatInt(at.UnixNano(), 10)
+	if len(s) < writtenAtLen {
+		s = strings.Repeat("0", writtenAtLen-len(s)) + s
+	}
+	return s
 }
 
 // Load writes every pod once, 100 per transaction, and returns the revision

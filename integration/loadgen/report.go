@@ -50,9 +50,13 @@ type Report struct {
 	Herald, Kube     map[string]*Result // by workload name: the median run by p99
 	// HeraldRounds, KubeRounds: every run of each workload (-rounds).
 	HeraldRounds, KubeRounds map[string][]*Result
-	KubeNote                 string   // why the baseline was not measured, if so
-	Profiles                 []string // pprof -top summaries, markdown-ready
-	Notes                    []string
+	KubeNote                 string // why the baseline was not measured, if so
+	// Memory: each system holding MemoryPods pods, by storage encoding
+	// (MeasureMemory).
+	MemoryPods int
+	Memory     []*Memory
+	Profiles   []string // pprof -top summaries, markdown-ready
+	Notes      []string
 	// Analysis is kept from the previous report: the text between
 	// AnalysisStart and AnalysisEnd, written by people reading profiles.
 	Analysis string
@@ -84,10 +88,11 @@ func (rp *Report) Write(w io.Writer) {
 	p("- Machine: %s.\n", rp.Machine)
 	p("- Command: `%s`\n", rp.Command)
 	p("- Herald: the whole stack of `make run` (integration/stack): embedded etcd 3.7.3 and NATS JetStream in one host process, ingest, cache, fanout and frontdoor each their own process; clients go through frontdoor (HTTPS).\n")
-	p("- kube-apiserver: v1.37.2 built from k8s.io/kubernetes (integration/bench/kubeapiserver), `--storage-media-type=application/json`, watch cache on (default), `--authorization-mode=AlwaysAllow`, static tokens, against its own embedded etcd 3.7.3 configured as Herald's (a fresh one, so that neither system's background writes or watches land on the other's etcd CPU).\n")
+	p("- kube-apiserver: v1.37.2 built from k8s.io/kubernetes (integration/bench/kubeapiserver), `--storage-media-type=application/json` (workloads named `-protobuf`: its default, protobuf storage), watch cache on (default), `--authorization-mode=AlwaysAllow`, static tokens, against its own embedded etcd 3.7.3 configured as Herald's (a fresh one, so that neither system's background writes or watches land on the other's etcd CPU).\n")
 	p("- Every workload runs on freshly started systems (Herald's whole stack, then kube-apiserver and its etcd), loaded with the same 5,000 pods: no workload inherits another's backlog or heap.\n")
-	p("- Load: one client process (this machine, same 2 cores) writes pods of ~1.2 KB JSON straight into etcd (`/registry/pods/<ns>/<name>`) at W writes/s for the stated time, cycling over 5,000 pods (pod i on node-<i mod 5000>); every pod carries its write time in the `%s` annotation. Before any watcher opens, the same writes run for the workload's settle time, so that kube-apiserver's watch cache has grown its history to its steady state for the rate (it starts at 100 events and doubles while it holds less than about 75 s of them; a new watcher's buffer is about one second of that history) — the history it had when the watchers opened is in the tables. Watchers then open from the same revision, each on its own TLS connection as a fleet of separate processes would (HTTP/1.1 unless the workload says otherwise; workloads named `-h2mux` multiplex a stated number of watchers per HTTP/2 connection instead, the same number on both systems), each with its own bearer token user (broadcast: 10 users; kubelet-like: one user per node, `fieldSelector=spec.nodeName=node-<i>`), all in group system:masters.\n", WrittenAtAnnotation)
-	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). A stream the server closes is resumed from the last resourceVersion received, as client-go's reflector does, and counted. Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) between no watchers and all watchers open and idle, divided by the watchers.\n\n")
+	p("- Load: one client process (this machine, same 2 cores) writes pods of ~1.2 KB JSON straight into etcd (`/registry/pods/<ns>/<name>`, kube-apiserver's key layout) at W writes/s for the stated time, cycling over 5,000 pods (pod i on node-<i mod 5000>); every pod carries its write time in the `%s` annotation. Before any watcher opens, the same writes run for the workload's settle time, so that kube-apiserver's watch cache has grown its history to its steady state for the rate (it starts at 100 events and doubles while it holds less than about 75 s of them; a new watcher's buffer is about one second of that history) — the history it had when the watchers opened is in the tables. Watchers then open from the same revision, each on its own TLS connection as a fleet of separate processes would (HTTP/1.1 unless the workload says otherwise; workloads named `-h2mux` multiplex a stated number of watchers per HTTP/2 connection instead, the same number on both systems), each with its own bearer token user (broadcast: 10 users; kubelet-like: one user per node, `fieldSelector=spec.nodeName=node-<i>`), all in group system:masters.\n", WrittenAtAnnotation)
+	p("- Protobuf workloads (named `-protobuf`): the same pods, written by the same writer into each system's own fresh etcd as kube-apiserver v1.37 stores them by default: the `k8s\\x00` envelope of apimachinery's protobuf serializer around the v1 Pod (~0.6 KB), at the same keys; kube-apiserver runs with its default protobuf storage and Herald reads the values as it reads a real cluster's etcd; every watcher asks for `application/vnd.kubernetes.protobuf`, as kubelets do, and the load client decodes each length-prefixed `WatchEvent` frame and its pod with apimachinery's generated code (as client-go does). Both systems get identical bytes in etcd and run alone on the machine; Herald in cluster mode on kube-apiserver's own etcd would have served the same values but shared one etcd and the measured window with kube-apiserver, mixing their CPU.\n")
+	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). A stream the server closes is resumed from the last resourceVersion received, as client-go's reflector does, and counted. Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see; reordered: events a watcher received after one of a higher resourceVersion. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) between no watchers and all watchers open and idle, divided by the watchers.\n\n")
 	if rp.KubeNote != "" {
 		p("**kube-apiserver baseline not measured:** %s\n\n", rp.KubeNote)
 	}
@@ -103,7 +108,7 @@ func (rp *Report) Write(w io.Writer) {
 		if wl.OneUser {
 			kind += ", every watcher the same user (a DaemonSet's ServiceAccount),"
 		}
-		p("### %s: %d %s watchers, %s, %d writes/s for %s (settled %s before the watchers opened, %s of warm-up after)\n\n", wl.Name, wl.Watchers, kind, wl.Connections(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup)
+		p("### %s: %d %s watchers, %s, %s storage and clients, %d writes/s for %s (settled %s before the watchers opened, %s of warm-up after)\n\n", wl.Name, wl.Watchers, kind, wl.Connections(), wl.Encoding(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup)
 		p("| | Herald | kube-apiserver | ratio |\n|---|---:|---:|---:|\n")
 		// A negative value is one the target could not report.
 		row := func(name string, f func(r *Result) float64, format string) {
@@ -137,11 +142,12 @@ func (rp *Report) Write(w io.Writer) {
 		row("deliveries (expected)", func(r *Result) float64 { return float64(r.Deliveries) }, "%.0f")
 		row("missing events", func(r *Result) float64 { return float64(r.Missing) }, "%.0f")
 		row("duplicate events", func(r *Result) float64 { return float64(r.Duplicates) }, "%.0f")
+		row("reordered events", func(r *Result) float64 { return float64(r.Reordered) }, "%.0f")
 		row("streams closed by the server (resumed)", func(r *Result) float64 { return float64(r.Resumes) }, "%.0f")
 		row("streams ended for good", func(r *Result) float64 { return float64(r.Ended) }, "%.0f")
 		row("watches terminated by the server (apiserver_terminated_watchers_total)", func(r *Result) float64 { return r.Terminated }, "%.0f")
 		row("pods event history when the watchers opened (kube-apiserver: watch cache capacity)", func(r *Result) float64 { return r.History }, "%.0f")
-		row("bytes per event received (JSON line)", (*Result).BytesPerEvent, "%.0f")
+		row(fmt.Sprintf("bytes per event received (%s)", map[bool]string{false: "JSON line", true: "protobuf frame"}[wl.Protobuf]), (*Result).BytesPerEvent, "%.0f")
 		row("server CPU (ms, whole stack)", func(r *Result) float64 { return r.ServerCPU }, "%.0f")
 		row("CPU per 1,000 deliveries (ms)", (*Result).CPUPer1000, "%.2f")
 		row("load client CPU (ms)", func(r *Result) float64 { return r.ClientCPU }, "%.0f")
@@ -178,6 +184,7 @@ func (rp *Report) Write(w io.Writer) {
 		}
 		p("\n")
 	}
+	rp.writeMemory(w)
 	if len(rp.Notes) > 0 {
 		p("## Targets\n\n")
 		for _, n := range rp.Notes {
@@ -265,4 +272,28 @@ func heapOf(r *Result, name string) float64 {
 		return v / 1000
 	}
 	return -1
+}
+
+// writeMemory writes the memory per 10,000 pods, JSON and protobuf storage
+// side by side.
+func (rp *Report) writeMemory(w io.Writer) {
+	if len(rp.Memory) == 0 {
+		return
+	}
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("## Memory per 10,000 pods\n\n")
+	p("Each system fresh on an empty etcd, then %d of the pods above loaded into etcd (100 per transaction), stored as JSON or as kube-apiserver stores them (protobuf); once a LIST through the system reflects the load's revision, the growth of the process's Go heap in use after a forced GC (and of its RSS), per 10,000 pods. Herald: its cache (one shard holding every pod, each decoded once; its window of recent events included); kube-apiserver: the whole process (its watch cache, with the event history it kept of the load).\n\n", rp.MemoryPods)
+	p("| storage | system (process) | heap per 10k pods (MB) | RSS per 10k pods (MB) | pods event history after the load |\n|---|---|---:|---:|---:|\n")
+	for _, m := range rp.Memory {
+		if m.Err != "" {
+			p("| %s | %s (%s) | not measured: `%.200s` | | |\n", m.Encoding, m.Target, m.Process, m.Err)
+			continue
+		}
+		hist := "–"
+		if m.History >= 0 {
+			hist = fmt.Sprintf("%.0f", m.History)
+		}
+		p("| %s | %s (%s) | %.1f | %.1f | %s |\n", m.Encoding, m.Target, m.Process, m.HeapPer10k/1e6, m.RSSPer10k/1e6, hist)
+	}
+	p("\n")
 }

@@ -28,8 +28,11 @@ type Result struct {
 	Expected         int
 	Missing          int
 	Duplicates       int
-	Unexpected       int // events of revisions the writer did not make
-	P50, P99, Max    time.Duration
+	// Reordered: events a watcher received after one of a higher
+	// revision (resumes included).
+	Reordered     int
+	Unexpected    int // events of revisions the writer did not make
+	P50, P99, Max time.Duration
 	// PutP50, PutP99: the writer's etcd Put round trips (etcd's commit,
 	// part of every latency above).
 	PutP50, PutP99 time.Duration
@@ -167,7 +170,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	openStart := time.Now()
 	for i := range ws {
-		ws[i] = &watcher{node: -1, done: make(chan struct{})}
+		ws[i] = &watcher{node: -1, protobuf: w.Protobuf, done: make(chan struct{})}
 		if w.Kubelet {
 			// Spread over every node, so that a reduced-scale run's
 			// watchers see events too.
@@ -336,6 +339,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		res.Expected += len(e)
 		res.Deliveries += len(x.revs)
 		miss, dup, unexp := compare(e, x.revs)
+		res.Reordered += reordered(x.revs)
 		res.Missing += miss
 		res.Duplicates += dup
 		res.Unexpected += unexp
@@ -347,6 +351,19 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		res.P50, res.P99, res.Max = us(lat[n/2]), us(lat[min(n*99/100, n-1)]), us(lat[n-1])
 	}
 	return res, werr
+}
+
+// reordered counts the events received after one of a higher revision.
+func reordered(got []int64) int {
+	n := 0
+	var top int64
+	for _, r := range got {
+		if r < top {
+			n++
+		}
+		top = max(top, r)
+	}
+	return n
 }
 
 func closed(c chan struct{}) bool {
@@ -411,7 +428,7 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 
 // String is a one-line summary for logs.
 func (r *Result) String() string {
-	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
+	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, reordered %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
 		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Terminated, r.History, r.BytesPerEvent(), r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
-		r.Missing, r.Duplicates, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.Stages)
+		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.Stages)
 }

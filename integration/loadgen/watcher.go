@@ -16,10 +16,13 @@ import (
 // writes revs and lat until done is closed.
 type watcher struct {
 	node int // -1: broadcast
-	revs []int64
-	lat  []int32 // microseconds, one per event of revs
-	size []int32 // bytes of the event's line, one per event of revs
-	last atomic.Int64
+	// protobuf asks for application/vnd.kubernetes.protobuf (length-
+	// prefixed frames) instead of JSON lines.
+	protobuf bool
+	revs     []int64
+	lat      []int32 // microseconds, one per event of revs
+	size     []int32 // bytes of the event's line or frame, one per event of revs
+	last     atomic.Int64
 	// lastAt is when the last event arrived (Unix nanoseconds).
 	lastAt     atomic.Int64
 	err        error // why the stream ended before it was cancelled
@@ -45,7 +48,11 @@ func (w *watcher) open(ctx context.Context, c *http.Client, base, token string, 
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Accept", "application/json")
+		if w.protobuf {
+			req.Header.Set("Accept", protobufMediaType)
+		} else {
+			req.Header.Set("Accept", "application/json")
+		}
 		resp, err := c.Do(req)
 		if err != nil {
 			return nil, err
@@ -98,6 +105,9 @@ func (w *watcher) run(ctx context.Context, c *http.Client, base, token string, r
 func (w *watcher) read(ctx context.Context, body io.ReadCloser) (closedByServer bool) {
 	defer body.Close()
 	br := bufio.NewReaderSize(body, 4096)
+	if w.protobuf {
+		return w.readFrames(ctx, br)
+	}
 	var long []byte
 	for {
 		line, err := br.ReadSlice('\n')
@@ -136,12 +146,18 @@ func (w *watcher) event(line []byte, now time.Time) error {
 	if rv <= 0 || at <= 0 {
 		return fmt.Errorf("event without resourceVersion or %s: %.200s", WrittenAtAnnotation, line)
 	}
+	w.record(rv, at, len(line), now)
+	return nil
+}
+
+// record notes one delivered event: its revision, its write time (Unix
+// nanoseconds) and its size on the wire.
+func (w *watcher) record(rv, at int64, size int, now time.Time) {
 	w.revs = append(w.revs, rv)
 	w.lat = append(w.lat, int32(min((now.UnixNano()-at)/1000, 1<<31-1)))
-	w.size = append(w.size, int32(len(line)))
+	w.size = append(w.size, int32(size))
 	w.last.Store(rv)
 	w.lastAt.Store(now.UnixNano())
-	return nil
 }
 
 // number parses the decimal string value that follows key.

@@ -61,6 +61,7 @@ func main() {
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-200x100 and kubelet-1000x200 are reduced-scale ones for profiling).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.IntVar(&o.rounds, "rounds", 1, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
+	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
 	if err := run(o); err != nil {
@@ -73,7 +74,7 @@ type options struct {
 	kube, binDir, out, dir, only, systems, command string
 	proto                                          string
 	duration, warmup, settle                       time.Duration
-	rounds                                         int
+	rounds, memPods                                int
 }
 
 const (
@@ -93,10 +94,19 @@ func run(o options) error {
 		return loadgen.Workload{Name: name, Watchers: watchers, WritesPerSec: perSec, Kubelet: kubelet, Mux: mux, Proto: o.proto,
 			Duration: o.duration, Warmup: o.warmup, Settle: o.settle}
 	}
+	// protobuf is a workload with protobuf storage and clients.
+	protobuf := func(w loadgen.Workload) loadgen.Workload {
+		w.Name += "-protobuf"
+		w.Protobuf = true
+		return w
+	}
 	workloads := []loadgen.Workload{
 		w("broadcast-1000x100", 1000, 100, false, 0),
 		w("broadcast-1000x200", 1000, 200, false, 0),
 		w("kubelet-5000x200", numKubelets, 200, true, 0),
+		// Kubelets as they are: protobuf clients, kube-apiserver's default
+		// protobuf storage (issue 14).
+		protobuf(w("kubelet-5000x200", numKubelets, 200, true, 0)),
 		// A DaemonSet: kubelet-like watchers sharing one ServiceAccount.
 		{Name: "daemonset-5000x200", Watchers: numKubelets, WritesPerSec: 200, Kubelet: true, OneUser: true, Proto: o.proto,
 			Duration: o.duration, Warmup: o.warmup, Settle: o.settle},
@@ -107,9 +117,10 @@ func run(o options) error {
 		// default set).
 		w("broadcast-200x100", 200, 100, false, 0),
 		w("kubelet-1000x200", 1000, 200, true, 0),
+		protobuf(w("kubelet-1000x200", 1000, 200, true, 0)),
 	}
 	if o.only == "" {
-		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,daemonset-5000x200,broadcast-1000x100-h2mux"
+		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,kubelet-5000x200-protobuf,daemonset-5000x200,broadcast-1000x100-h2mux"
 	}
 	if o.only != "" {
 		var keep []loadgen.Workload
@@ -179,7 +190,15 @@ func run(o options) error {
 		}
 		return func(i int) string { return fmt.Sprintf("%s-controller-%d", prefix, i%numUsers) }
 	}
-	pods := loadgen.NewPods(numPods, numKubelets)
+	// The same pods, stored as JSON or as kube-apiserver stores them
+	// (protobuf), by workload.
+	jsonPods, protoPods := loadgen.NewPods(numPods, numKubelets), loadgen.NewProtobufPods(numPods, numKubelets)
+	podsOf := func(w loadgen.Workload) *loadgen.Pods {
+		if w.Protobuf {
+			return protoPods
+		}
+		return jsonPods
+	}
 	pkiDir := filepath.Join(o.dir, "pki") // every Herald stack of the run uses it too
 	pki, err := stack.EnsurePKI(pkiDir)
 	if err != nil {
@@ -198,9 +217,9 @@ func run(o options) error {
 	// kube-apiserver, so that no workload inherits another's backlog, heap
 	// or resumed watchers, and both systems see the machine at about the
 	// same time.
-	// loaded starts a host (mode "herald" or "etcd") in dir and loads the
-	// pods into its etcd; stop stops both.
-	loaded := func(mode, dir, binDir, tokens string) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+	// loaded starts a host (mode "herald" or "etcd") in dir and loads pods
+	// (if any) into its etcd; stop stops both.
+	loaded := func(mode, dir, binDir, tokens string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
 		h, info, err := startHost(ctx, mode, dir, binDir, tokens)
 		if err != nil {
 			return nil, nil, nil, err
@@ -211,6 +230,9 @@ func run(o options) error {
 			return nil, nil, nil, err
 		}
 		stop = func() { etcd.Close(); h.stop() }
+		if pods == nil {
+			return info, etcd, stop, nil
+		}
 		if _, err := pods.Load(ctx, etcd); err != nil {
 			stop()
 			return nil, nil, nil, err
@@ -219,7 +241,7 @@ func run(o options) error {
 	}
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: pods, Log: log, Metrics: plain}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
@@ -230,15 +252,18 @@ func run(o options) error {
 		}
 		time.Sleep(3 * time.Second) // profiles finish
 	}
-	heraldRun := func(w loadgen.Workload, round int) error {
-		dir := filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round))
+	// heraldHost starts a fresh Herald in dir, with pods loaded.
+	heraldHost := func(dir string, pods *loadgen.Pods) (*loadgen.HostInfo, *clientv3.Client, func(), error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
+			return nil, nil, nil, err
 		}
 		if err := os.Symlink(pkiDir, filepath.Join(dir, "pki")); err != nil && !os.IsExist(err) {
-			return err
+			return nil, nil, nil, err
 		}
-		info, etcd, stop, err := loaded("herald", dir, o.binDir, tokenFile)
+		return loaded("herald", dir, o.binDir, tokenFile, pods)
+	}
+	heraldRun := func(w loadgen.Workload, round int) error {
+		info, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w))
 		if err != nil {
 			return err
 		}
@@ -292,18 +317,31 @@ func run(o options) error {
 		measure(t, etcd, w, rp.HeraldRounds)
 		return nil
 	}
+	// kubeHost starts a fresh etcd in dir with pods loaded, and
+	// kube-apiserver on it with JSON or protobuf storage.
+	kubeHost := func(dir string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
+		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", pods)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		k, err = loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, pods.Protobuf, httpc)
+		if err != nil {
+			stopEtcd()
+			return nil, nil, nil, nil, err
+		}
+		return info, etcd, k, func() { k.Stop(); stopEtcd() }, nil
+	}
+	kubeHistory := func(k *loadgen.KubeAPIServer) func(ctx context.Context) (float64, error) {
+		return func(ctx context.Context) (float64, error) {
+			return loadgen.MetricSum(ctx, httpc, k.URL, admin, "watch_cache_capacity", `resource="pods"`)
+		}
+	}
 	kubeRun := func(w loadgen.Workload, round int) error {
-		dir := filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round))
-		info, etcd, stop, err := loaded("etcd", dir, "", "")
+		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w))
 		if err != nil {
 			return err
 		}
 		defer stop()
-		k, err := loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, httpc)
-		if err != nil {
-			return err
-		}
-		defer k.Stop()
 		t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin, Token: token(w),
 			CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
 			Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
@@ -317,9 +355,7 @@ func run(o options) error {
 				}
 				return v, err
 			},
-			History: func(ctx context.Context) (float64, error) {
-				return loadgen.MetricSum(ctx, httpc, k.URL, admin, "watch_cache_capacity", `resource="pods"`)
-			},
+			History: kubeHistory(k),
 			Profile: func(ctx context.Context, d time.Duration) {
 				go profile(ctx, plain, "http://"+info.Admin, "", d, filepath.Join(profDir, w.Name+"-kube-etcd.pprof"))
 				go profile(ctx, httpc, k.URL, admin, d, filepath.Join(profDir, w.Name+"-kube-apiserver.pprof"))
@@ -352,6 +388,49 @@ func run(o options) error {
 		}
 		if rs := rp.KubeRounds[w.Name]; len(rs) > 0 {
 			rp.Kube[w.Name] = loadgen.Median(rs)
+		}
+	}
+
+	// Memory per 10,000 pods: each system fresh, etcd empty, then
+	// o.memPods pods loaded, stored as JSON and then as protobuf.
+	if o.memPods > 0 {
+		rp.MemoryPods = o.memPods
+		for _, pods := range []*loadgen.Pods{loadgen.NewPods(o.memPods, numKubelets), loadgen.NewProtobufPods(o.memPods, numKubelets)} {
+			enc := "json"
+			if pods.Protobuf {
+				enc = "protobuf"
+			}
+			note := func(m *loadgen.Memory, err error) {
+				if err != nil {
+					m.Err = err.Error()
+					log.Error("memory", "target", m.Target, "storage", m.Encoding, "err", err)
+				} else {
+					log.Info("memory per 10k pods", "target", m.Target, "process", m.Process, "storage", m.Encoding, "heap", m.HeapPer10k, "rss", m.RSSPer10k, "history", m.History)
+				}
+				rp.Memory = append(rp.Memory, m)
+			}
+			if want("herald") {
+				info, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil)
+				if err != nil {
+					return fmt.Errorf("herald: %w", err)
+				}
+				t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, AdminToken: admin}
+				note(loadgen.MeasureMemory(ctx, httpc, t, etcd, pods, loadgen.MemProc{Name: "cache-0", Pid: info.Procs["cache-0"],
+					Heap: loadgen.HeapFromMetrics(plain, "http://"+info.Admins["cache-0"], "")}))
+				stop()
+			}
+			if rp.KubeNote == "" {
+				empty := &loadgen.Pods{Protobuf: pods.Protobuf} // nothing to load before the first measure
+				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), empty)
+				if err != nil {
+					log.Error("kube-apiserver memory", "err", err)
+					continue
+				}
+				t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, AdminToken: admin, History: kubeHistory(k)}
+				note(loadgen.MeasureMemory(ctx, httpc, t, etcd, pods, loadgen.MemProc{Name: "kube-apiserver", Pid: k.Pid(),
+					Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}))
+				stop()
+			}
 		}
 	}
 
@@ -395,7 +474,7 @@ func run(o options) error {
 // its deliveries/s at a p99 no worse); on the kubelet-like ones no more
 // than kube-apiserver's; every watch of a DaemonSet's one token open;
 // frontdoor <= 16 KB and fanout <= 12 KB of heap per idle watch; and, on
-// both systems, no event missing or duplicated.
+// both systems, no event missing, duplicated or reordered.
 func targets(rp *loadgen.Report) []string {
 	var out []string
 	for _, w := range rp.Workloads {
@@ -409,7 +488,7 @@ func targets(rp *loadgen.Report) []string {
 					out = append(out, fmt.Sprintf("%s: %s heap per idle watch %.1f KB (target <= %.0f KB): %s.", w.Name, m.proc, heap/1000, m.limit/1000, verdict(heap <= m.limit)))
 				}
 			}
-			out = append(out, fmt.Sprintf("%s: Herald missing %d, duplicated %d (target 0): %s.", w.Name, h.Missing, h.Duplicates, verdict(h.Missing == 0 && h.Duplicates == 0)))
+			out = append(out, fmt.Sprintf("%s: Herald missing %d, duplicated %d, reordered %d (target 0): %s.", w.Name, h.Missing, h.Duplicates, h.Reordered, verdict(h.Missing == 0 && h.Duplicates == 0 && h.Reordered == 0)))
 			if w.OneUser {
 				out = append(out, fmt.Sprintf("%s: %d of %d watches of one token opened with the default flags (target all): %s.", w.Name, h.Watchers, w.Watchers, verdict(h.Watchers == w.Watchers)))
 			}
@@ -437,7 +516,7 @@ func targets(rp *loadgen.Report) []string {
 		}
 		out = append(out, fmt.Sprintf("%s: CPU per 1,000 deliveries %.2f ms vs %.2f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
 			h.CPUPer1000(), k.CPUPer1000(), h.CPUPer1000()/k.CPUPer1000(), cpu, verdict(h.CPUPer1000() <= cpu*k.CPUPer1000())))
-		out = append(out, fmt.Sprintf("%s: kube-apiserver missing %d, duplicated %d, %.0f watches terminated (Herald: %.0f).", w.Name, k.Missing, k.Duplicates, k.Terminated, h.Terminated))
+		out = append(out, fmt.Sprintf("%s: kube-apiserver missing %d, duplicated %d, reordered %d, %.0f watches terminated (Herald: %.0f).", w.Name, k.Missing, k.Duplicates, k.Reordered, k.Terminated, h.Terminated))
 	}
 	return out
 }
