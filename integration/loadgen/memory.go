@@ -35,6 +35,7 @@ func MeasureMemory(ctx context.Context, c *http.Client, t *Target, cli *clientv3
 	if pods.Protobuf {
 		m.Encoding = "protobuf"
 	}
+	time.Sleep(2 * time.Second) // let the servers settle after their start, as after the load
 	heap0, err := proc.Heap(ctx)
 	if err != nil {
 		return m, fmt.Errorf("heap before the load: %w", err)

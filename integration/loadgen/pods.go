@@ -19,10 +19,10 @@ import (
 )
 
 // Pods is the fixed set of pods the writer changes: pod i lives in
-// namespace ns-<i%20>, on node node-<i%Nodes>. Each is about 1.2 KB of JSON,
+// namespace ns-<i%20>, on node node-<i%Nodes>. Each is about 1.4 KB of JSON,
 // a small real pod; with Protobuf, the same pod as kube-apiserver stores it
 // by default (its protobuf serializer's "k8s\x00" envelope of a v1 Pod,
-// about 0.6 KB), at the same key.
+// about 0.7 KB), at the same key.
 type Pods struct {
 	N, Nodes int
 	Protobuf bool
@@ -56,6 +56,7 @@ func newPods(n, nodes int, proto bool) *Pods {
 	}
 	for i := range n {
 		ns, name := fmt.Sprintf("ns-%d", i%20), fmt.Sprintf("pod-%05d", i)
+		podIP := fmt.Sprintf("10.1.%d.%d", i>>8&255, i&255)
 		b, _ := json.Marshal(map[string]any{
 			"apiVersion": "v1", "kind": "Pod",
 			"metadata": map[string]any{"name": name, "namespace": ns, "uid": fmt.Sprintf("6b1f1c1e-0000-4000-8000-%012d", i),
@@ -64,12 +65,18 @@ func newPods(n, nodes int, proto bool) *Pods {
 				"annotations":       map[string]string{WrittenAtAnnotation: mark},
 				"ownerReferences": []map[string]any{{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": fmt.Sprintf("app-%d-5d8f7c9b6", i%50),
 					"uid": "0b7e2d8c-0000-4000-8000-000000000001", "controller": true, "blockOwnerDeletion": true}}},
+			// With the defaults kube-apiserver fills in before it stores a
+			// pod (and again when it reads one), so that both systems
+			// serve the object etcd holds.
 			"spec": map[string]any{"nodeName": p.Node(i), "schedulerName": "default-scheduler", "restartPolicy": "Always",
+				"terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst", "securityContext": map[string]any{}, "enableServiceLinks": true,
 				"containers": []map[string]any{{"name": "app", "image": "registry.example/app:1.2.3",
-					"ports":     []map[string]any{{"containerPort": 8080, "protocol": "TCP"}},
-					"resources": map[string]any{"requests": map[string]string{"cpu": "100m", "memory": "128Mi"}},
-					"env":       []map[string]string{{"name": "MODE", "value": "production"}}}}},
-			"status": map[string]any{"phase": "Running", "podIP": fmt.Sprintf("10.1.%d.%d", i>>8&255, i&255), "hostIP": "192.168.0.1",
+					"ports":                    []map[string]any{{"containerPort": 8080, "protocol": "TCP"}},
+					"resources":                map[string]any{"requests": map[string]string{"cpu": "100m", "memory": "128Mi"}},
+					"env":                      []map[string]string{{"name": "MODE", "value": "production"}},
+					"terminationMessagePath":   "/dev/termination-log",
+					"terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}}},
+			"status": map[string]any{"phase": "Running", "podIP": podIP, "podIPs": []map[string]string{{"ip": podIP}}, "hostIP": "192.168.0.1",
 				"conditions":        []map[string]string{{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}},
 				"containerStatuses": []map[string]any{{"name": "app", "ready": true, "restartCount": 0, "image": "registry.example/app:1.2.3", "started": true}}},
 		})

@@ -317,14 +317,14 @@ func run(o options) error {
 		measure(t, etcd, w, rp.HeraldRounds)
 		return nil
 	}
-	// kubeHost starts a fresh etcd in dir with pods loaded, and
+	// kubeHost starts a fresh etcd in dir with pods (if any) loaded, and
 	// kube-apiserver on it with JSON or protobuf storage.
-	kubeHost := func(dir string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
+	kubeHost := func(dir string, pods *loadgen.Pods, protobuf bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
 		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		k, err = loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, pods.Protobuf, httpc)
+		k, err = loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, protobuf, httpc)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -337,7 +337,7 @@ func run(o options) error {
 		}
 	}
 	kubeRun := func(w loadgen.Workload, round int) error {
-		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w))
+		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w), w.Protobuf)
 		if err != nil {
 			return err
 		}
@@ -420,8 +420,7 @@ func run(o options) error {
 				stop()
 			}
 			if rp.KubeNote == "" {
-				empty := &loadgen.Pods{Protobuf: pods.Protobuf} // nothing to load before the first measure
-				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), empty)
+				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), nil, pods.Protobuf)
 				if err != nil {
 					log.Error("kube-apiserver memory", "err", err)
 					continue
