@@ -31,10 +31,7 @@ type Memory struct {
 // empty, then pods loaded into etcd through cli and served by t (a LIST
 // through t at the load's revision), then heap and RSS again.
 func MeasureMemory(ctx context.Context, c *http.Client, t *Target, cli *clientv3.Client, pods *Pods, proc MemProc) (*Memory, error) {
-	m := &Memory{Target: t.Name, Process: proc.Name, Encoding: "JSON", Pods: pods.N, History: -1}
-	if pods.Protobuf {
-		m.Encoding = "protobuf"
-	}
+	m := &Memory{Target: t.Name, Process: proc.Name, Encoding: pods.Encoding(), Pods: pods.N, History: -1}
 	time.Sleep(2 * time.Second) // let the servers settle after their start, as after the load
 	heap0, err := proc.Heap(ctx)
 	if err != nil {

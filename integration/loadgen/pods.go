@@ -107,6 +107,14 @@ func protobufPod(s runtime.Serializer, j []byte) []byte {
 	return buf.Bytes()
 }
 
+// Encoding is how the pods are stored: "JSON" or "protobuf".
+func (p *Pods) Encoding() string {
+	if p.Protobuf {
+		return "protobuf"
+	}
+	return "JSON"
+}
+
 // Node is the spec.nodeName of pod i.
 func (p *Pods) Node(i int) string { return "node-" + strconv.Itoa(i%p.Nodes) }
 

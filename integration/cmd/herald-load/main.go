@@ -58,7 +58,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
 	flag.DurationVar(&o.settle, "settle", 90*time.Second, "Unmeasured writes at each workload's rate before its watchers open, so that kube-apiserver's watch cache history reaches its steady state (it grows while it holds less than about 75 s of events).")
 	flag.StringVar(&o.proto, "proto", "http1", "Protocol of each watcher's own connection: http1 or http2 (the -h2mux workloads multiplex instead).")
-	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-200x100 and kubelet-1000x200 are reduced-scale ones for profiling).")
+	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.IntVar(&o.rounds, "rounds", 1, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
@@ -396,10 +396,7 @@ func run(o options) error {
 	if o.memPods > 0 {
 		rp.MemoryPods = o.memPods
 		for _, pods := range []*loadgen.Pods{loadgen.NewPods(o.memPods, numKubelets), loadgen.NewProtobufPods(o.memPods, numKubelets)} {
-			enc := "json"
-			if pods.Protobuf {
-				enc = "protobuf"
-			}
+			enc := strings.ToLower(pods.Encoding())
 			note := func(m *loadgen.Memory, err error) {
 				if err != nil {
 					m.Err = err.Error()
@@ -422,7 +419,7 @@ func run(o options) error {
 			if rp.KubeNote == "" {
 				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), nil, pods.Protobuf)
 				if err != nil {
-					log.Error("kube-apiserver memory", "err", err)
+					note(&loadgen.Memory{Target: "kube-apiserver", Process: "kube-apiserver", Encoding: pods.Encoding(), Pods: pods.N}, err)
 					continue
 				}
 				t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, AdminToken: admin, History: kubeHistory(k)}
