@@ -1,12 +1,14 @@
 package kube
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
 
@@ -95,21 +97,74 @@ func row(r *Resource, item []byte, now time.Time) metav1.TableRow {
 	return out
 }
 
-// Table renders items (objects of r as served) as a meta.k8s.io/v1 Table.
-// withColumns false leaves out the column definitions (watch events after
-// the first).
+// IncludeObject is a Table request's includeObject option: what each row
+// carries of its object.
+type IncludeObject string
+
+// The values kube-apiserver accepts (metav1.IncludeObjectPolicy); "" is
+// IncludeMetadata.
+const (
+	IncludeNone     IncludeObject = "None"
+	IncludeMetadata IncludeObject = "Metadata"
+	IncludeFull     IncludeObject = "Object"
+)
+
+// Table renders items (objects of r as served) as a meta.k8s.io/v1 Table
+// whose rows carry each object's PartialObjectMetadata. withColumns false
+// leaves out the column definitions (watch events after the first).
 func Table(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, now time.Time) []byte {
+	return TableWith(r, items, listMeta, withColumns, IncludeMetadata, now)
+}
+
+// TableWith is Table with the rows' objects as include says. A built-in
+// kind gets kube-apiserver's columns and cells for it (printers.go).
+func TableWith(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject, now time.Time) []byte {
 	t := metav1.Table{
 		TypeMeta: metav1.TypeMeta{Kind: "Table", APIVersion: "meta.k8s.io/v1"},
 		ListMeta: listMeta,
 		Rows:     make([]metav1.TableRow, 0, len(items)),
 	}
+	p, builtin := builtinPrinters[schema.GroupKind{Group: r.Group, Kind: r.Kind}]
 	if withColumns {
-		t.ColumnDefinitions = columns(r)
+		if builtin {
+			t.ColumnDefinitions = p.columns
+		} else {
+			t.ColumnDefinitions = columns(r)
+		}
 	}
 	for _, it := range items {
-		t.Rows = append(t.Rows, row(r, it, now))
+		var out metav1.TableRow
+		if builtin {
+			// A value the cache decoded always fits its type; a row
+			// without cells is the only sign of one that does not.
+			_ = p.row(it, now, &out)
+			out.Object = rowObject(it, include)
+		} else {
+			out = row(r, it, now)
+		}
+		t.Rows = append(t.Rows, out)
 	}
 	b, _ := json.Marshal(t)
 	return b
+}
+
+// rowObject is what a row carries of item, as kube-apiserver's asTable
+// sets it: the PartialObjectMetadata, the object itself, or nothing.
+func rowObject(item []byte, include IncludeObject) runtime.RawExtension {
+	switch include {
+	case IncludeNone:
+		return runtime.RawExtension{}
+	case IncludeFull:
+		return runtime.RawExtension{Raw: bytes.TrimSuffix(item, []byte("\n"))}
+	}
+	var o struct {
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	_ = json.Unmarshal(item, &o)
+	partial, _ := json.Marshal(struct {
+		Kind       string          `json:"kind"`
+		APIVersion string          `json:"apiVersion"`
+		Metadata   json.RawMessage `json:"metadata"`
+	}{"PartialObjectMetadata", "meta.k8s.io/v1", o.Metadata})
+	return runtime.RawExtension{Raw: partial}
 }

@@ -591,7 +591,7 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		s.writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
 		return
 	}
-	ct, body, err := s.body(info, resp, n, time.Now())
+	ct, body, err := s.body(info, resp, n, kube.IncludeObject(r.URL.Query().Get("includeObject")), time.Now())
 	if err != nil {
 		if kube.StatusOf(err).Code == http.StatusInternalServerError {
 			s.log.Error("encoding a response failed", "resource", info.Resource.ID(), "err", err)
