@@ -14,6 +14,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -23,6 +24,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	rbacv1beta1 "k8s.io/api/rbac/v1beta1"
 	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -1064,9 +1066,10 @@ func addOtherPrinters() {
 		row.Cells = []any{o.Name, parent, since(o.CreationTimestamp, now)}
 	}))
 
-	bindingColumns := func(what string) []metav1.TableColumnDefinition {
+	// kube-apiserver describes these columns with the v1beta1 types' docs.
+	bindingColumns := func(what, roleRefDoc string) []metav1.TableColumnDefinition {
 		return []metav1.TableColumnDefinition{
-			nameColumn, col("Role", "string", rbacv1.RoleBinding{}.SwaggerDoc()["roleRef"]), ageColumn,
+			nameColumn, col("Role", "string", roleRefDoc), ageColumn,
 			wide("Users", "string", "Users in the "+what), wide("Groups", "string", "Groups in the "+what),
 			wide("ServiceAccounts", "string", "ServiceAccounts in the "+what),
 		}
@@ -1086,20 +1089,20 @@ func addOtherPrinters() {
 		return []any{name, ref.Kind + "/" + ref.Name, since(created, now),
 			strings.Join(users, ", "), strings.Join(groups, ", "), strings.Join(sas, ", ")}
 	}
-	addPrinter("rbac.authorization.k8s.io", "RoleBinding", typed(bindingColumns("roleBinding"),
+	addPrinter("rbac.authorization.k8s.io", "RoleBinding", typed(bindingColumns("roleBinding", rbacv1beta1.RoleBinding{}.SwaggerDoc()["roleRef"]),
 		func(o *rbacv1.RoleBinding, now time.Time, row *metav1.TableRow) {
 			row.Cells = bindingCells(o.Name, o.RoleRef, o.Subjects, o.CreationTimestamp, now)
 		}))
-	addPrinter("rbac.authorization.k8s.io", "ClusterRoleBinding", typed(bindingColumns("clusterRoleBinding"),
+	addPrinter("rbac.authorization.k8s.io", "ClusterRoleBinding", typed(bindingColumns("clusterRoleBinding", rbacv1beta1.ClusterRoleBinding{}.SwaggerDoc()["roleRef"]),
 		func(o *rbacv1.ClusterRoleBinding, now time.Time, row *metav1.TableRow) {
 			row.Cells = bindingCells(o.Name, o.RoleRef, o.Subjects, o.CreationTimestamp, now)
 		}))
 
-	csrSpec := certificatesv1.CertificateSigningRequestSpec{}.SwaggerDoc()
+	csrSpec := certificatesv1beta1.CertificateSigningRequestSpec{}.SwaggerDoc()
 	addPrinter("certificates.k8s.io", "CertificateSigningRequest", typed([]metav1.TableColumnDefinition{
 		nameColumn, ageColumn, col("SignerName", "string", csrSpec["signerName"]), col("Requestor", "string", csrSpec["request"]),
 		col("RequestedDuration", "string", csrSpec["expirationSeconds"]),
-		col("Condition", "string", certificatesv1.CertificateSigningRequestStatus{}.SwaggerDoc()["conditions"]),
+		col("Condition", "string", certificatesv1beta1.CertificateSigningRequestStatus{}.SwaggerDoc()["conditions"]),
 	}, func(o *certificatesv1.CertificateSigningRequest, now time.Time, row *metav1.TableRow) {
 		var approved, denied, failed bool
 		for _, c := range o.Status.Conditions {

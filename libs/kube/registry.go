@@ -58,6 +58,8 @@ type Resource struct {
 	// entry for a built-in resource, one made from the fields above for
 	// others (custom resources, decoded as unstructured JSON).
 	stored *storage.Resource
+	// builtin: a resource of libs/storage's built-in table.
+	builtin bool
 	// computed marks, per entry of Fields, a field kube-apiserver's
 	// registry computes for the stored kind (read from the decoded
 	// object); the others are read from the JSON.
@@ -303,6 +305,7 @@ func (r *Resource) complete(builtins *storage.Table) error {
 	if st != nil {
 		c := *st
 		stored = &c
+		r.builtin = true
 	}
 	stored.KeyPrefix = r.Key
 	r.stored = stored

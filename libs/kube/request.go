@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,11 +13,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metainternalversionvalidation "k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/storage"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"herald.dev/libs/rv"
 )
@@ -167,7 +173,7 @@ func ParseWatch(info RequestInfo, q url.Values) (*WatchRequest, error) {
 		// A watch on /{resource}/{name} watches one object.
 		fs, err := fields.ParseSelector(fieldSel)
 		if err != nil {
-			return nil, apierrors.NewBadRequest("invalid field selector: " + err.Error())
+			return nil, apierrors.NewBadRequest(err.Error())
 		}
 		fieldSel = fields.AndSelectors(fs, fields.OneTermEqualSelector("metadata.name", info.Name)).String()
 	}
@@ -189,6 +195,12 @@ func ParseWatch(info RequestInfo, q url.Values) (*WatchRequest, error) {
 		}
 	}
 	if w.Plan, err = rv.PlanWatch(w.ResourceVersion, w.ResourceVersionMatch, w.SendInitialEvents, w.AllowWatchBookmarks); err != nil {
+		if invalid := resourceVersionError(w.ResourceVersion); invalid != nil {
+			// kube-apiserver's watch cache returns the storage's
+			// InvalidError unwrapped: a 500 without a reason.
+			return nil, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure,
+				Code: http.StatusInternalServerError, Message: invalid.Error()}}
+		}
 		return nil, OptionError(err)
 	}
 	if v := q.Get("timeoutSeconds"); v != "" {
@@ -242,6 +254,68 @@ func OptionError(err error) error {
 		return err
 	}
 	return apierrors.NewBadRequest(err.Error())
+}
+
+// resourceVersionError is the error kube-apiserver's storage gives a
+// resourceVersion it cannot parse (storage.APIObjectVersioner), nil for one
+// it can.
+func resourceVersionError(resourceVersion string) *field.Error {
+	if resourceVersion == "" || resourceVersion == "0" {
+		return nil
+	}
+	if _, err := strconv.ParseUint(resourceVersion, 10, 64); err != nil {
+		return field.Invalid(field.NewPath("resourceVersion"), resourceVersion, err.Error())
+	}
+	return nil
+}
+
+// ValidateListOptions is kube-apiserver's validation of a LIST's
+// resourceVersionMatch, continue and sendInitialEvents (apimachinery's
+// ValidateListOptions): a 422 naming ListOptions.
+func ValidateListOptions(q url.Values) error {
+	opts := &metainternalversion.ListOptions{ResourceVersion: q.Get("resourceVersion"),
+		ResourceVersionMatch: metav1.ResourceVersionMatch(q.Get("resourceVersionMatch")), Continue: q.Get("continue")}
+	if v := q.Get("sendInitialEvents"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return apierrors.NewBadRequest(fmt.Sprintf("sendInitialEvents: %v", err))
+		}
+		opts.SendInitialEvents = &b
+	}
+	if errs := metainternalversionvalidation.ValidateListOptions(opts, true); len(errs) > 0 {
+		return apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
+	}
+	return nil
+}
+
+// ListPlanError is an error of rv.PlanList as the client sees it: a
+// resourceVersion or continue token kube-apiserver's storage cannot read in
+// its words ("invalid resource version: ...", "invalid continue token:
+// ..."), anything else as OptionError makes it.
+func ListPlanError(err error, resourceVersion, cont string) error {
+	if !errors.Is(err, rv.ErrMalformed) {
+		return OptionError(err)
+	}
+	if invalid := resourceVersionError(resourceVersion); invalid != nil {
+		return apierrors.NewBadRequest("invalid resource version: " + invalid.Error())
+	}
+	if cont != "" {
+		// storage.DecodeContinue's first two steps: a token that is
+		// not base64 JSON is refused with the decoder's error.
+		b, derr := base64.RawURLEncoding.DecodeString(cont)
+		if derr == nil {
+			var token struct {
+				APIVersion      string `json:"v"`
+				ResourceVersion int64  `json:"rv"`
+				StartKey        string `json:"start"`
+			}
+			derr = json.Unmarshal(b, &token)
+		}
+		if derr != nil {
+			return apierrors.NewBadRequest(fmt.Sprintf("invalid continue token: continue key is not valid: %v", derr))
+		}
+	}
+	return OptionError(err)
 }
 
 // builtinGroups are the API groups of kube-apiserver's built-in resources

@@ -43,7 +43,9 @@ func TestParseWatch(t *testing.T) {
 		{name: "bad field selector with a name", path: "/api/v1/watch/namespaces/a/pods/x", query: "fieldSelector=a", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "bad sendInitialEvents", path: "/api/v1/pods", query: "watch=1&sendInitialEvents=maybe", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 		{name: "bad allowWatchBookmarks", path: "/api/v1/pods", query: "watch=1&allowWatchBookmarks=2", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
-		{name: "malformed resourceVersion", path: "/api/v1/pods", query: "watch=1&resourceVersion=abc", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
+		// kube-apiserver answers 500 without a reason: its watch cache returns
+		// the storage's InvalidError as it is.
+		{name: "malformed resourceVersion", path: "/api/v1/pods", query: "watch=1&resourceVersion=abc", code: http.StatusInternalServerError, reason: metav1.StatusReasonUnknown},
 		{name: "match without sendInitialEvents", path: "/api/v1/pods", query: "watch=1&resourceVersionMatch=NotOlderThan", code: http.StatusUnprocessableEntity, reason: metav1.StatusReasonInvalid},
 		{name: "initial events without bookmarks", path: "/api/v1/pods", query: "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", code: http.StatusUnprocessableEntity, reason: metav1.StatusReasonInvalid},
 		{name: "negative timeout", path: "/api/v1/pods", query: "watch=1&timeoutSeconds=-1", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},

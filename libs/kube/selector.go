@@ -8,6 +8,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // Selector decides which objects of one resource a request sees: a
@@ -23,17 +24,19 @@ type Selector struct {
 // ParseSelector parses and validates labelSelector and fieldSelector for r.
 // A field the resource cannot select on is a 400, as in kube-apiserver.
 func ParseSelector(r *Resource, namespace, labelSelector, fieldSelector string) (*Selector, error) {
+	// kube-apiserver's messages are the parsers' own errors (its
+	// parameter codec's) and its scheme's field label conversion's.
 	ls, err := labels.Parse(labelSelector)
 	if err != nil {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("unable to parse requirement: %v", err))
+		return nil, apierrors.NewBadRequest(err.Error())
 	}
 	fs, err := fields.ParseSelector(fieldSelector)
 	if err != nil {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("invalid field selector: %v", err))
+		return nil, apierrors.NewBadRequest(err.Error())
 	}
 	for _, req := range fs.Requirements() {
 		if !r.selectable(req.Field) {
-			return nil, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", req.Field))
+			return nil, apierrors.NewBadRequest(r.unknownFieldLabel(req.Field))
 		}
 	}
 	return &Selector{
@@ -47,6 +50,24 @@ func ParseSelector(r *Resource, namespace, labelSelector, fieldSelector string) 
 // Everything selects every object of the namespace (or of all namespaces).
 func Everything(namespace string) *Selector {
 	return &Selector{Namespace: namespace, Labels: labels.Everything(), Fields: fields.Everything(), Empty: true}
+}
+
+// unknownFieldLabel is how kube-apiserver refuses a field label r does not
+// have: the words of the kind's field label conversion function
+// (pkg/apis/<group>/<version>/conversion.go), or of
+// runtime.DefaultMetaV1FieldSelectorConversion for a built-in kind that
+// registers none; custom resources' as apiextensions-apiserver words it.
+func (r *Resource) unknownFieldLabel(label string) string {
+	switch {
+	case !r.builtin:
+	case r.Group == "batch" && r.Kind == "Job":
+		return fmt.Sprintf("field label %q not supported for Job", label)
+	case r.Group == "resource.k8s.io" && r.Kind == "ResourceSlice":
+		return fmt.Sprintf("field label not supported for %s: %s", schema.GroupVersionKind{Group: r.Group, Version: r.Version, Kind: r.Kind}, label)
+	case len(r.Fields) == 0:
+		return fmt.Sprintf("%q is not a known field selector: only %q, %q", label, "metadata.name", "metadata.namespace")
+	}
+	return "field label not supported: " + label
 }
 
 func (r *Resource) selectable(field string) bool {

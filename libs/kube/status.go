@@ -52,6 +52,22 @@ func WriteStatus(w http.ResponseWriter, err error) int {
 	return int(s.Code)
 }
 
+// WriteRawStatus writes err's Status as kube-apiserver writes an error when
+// no media type of the request's Accept header is acceptable for it
+// (responsewriters.WriteRawJSON): indented JSON, no trailing newline.
+func WriteRawStatus(w http.ResponseWriter, err error) int {
+	if errors.Is(err, ErrNoRoute) {
+		http.NotFound(w, nil)
+		return http.StatusNotFound
+	}
+	s := StatusOf(err)
+	b, _ := json.MarshalIndent(s, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(int(s.Code))
+	w.Write(b)
+	return int(s.Code)
+}
+
 // TooOld is the 410 a watch from a revision older than the server's history
 // gets, as kube-apiserver words it.
 func TooOld(requested, oldest int64) error {

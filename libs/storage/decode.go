@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -193,6 +195,7 @@ func (c *Codec) Decode(ctx context.Context, res *Resource, key, stored []byte, r
 	if err != nil {
 		return fail(ErrWrongKind, err)
 	}
+	readAsKubeAPIServer(out)
 	// The object carries its kind from now on, so encoders never have to
 	// set it (kube-apiserver's versioning encoder sets the same one).
 	out.GetObjectKind().SetGroupVersionKind(gvk)
@@ -273,4 +276,40 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 		return nil, schema.GroupVersionKind{}, ErrCorrupt, err
 	}
 	return u, gvk, nil, nil
+}
+
+// readAsKubeAPIServer changes a decoded object as kube-apiserver's read path
+// does between etcd and the response, for what an object kube-apiserver
+// wrote itself can still lack or carry (seen against kube-apiserver v1.37.2
+// in integration/kubeapi):
+//   - decode-time defaulting (its storage codec defaults what it decodes):
+//     a PersistentVolumeClaim is stored with an empty status (its strategy
+//     clears status on create) and served with phase Pending, as
+//     SetDefaults_PersistentVolumeClaim sets it; PersistentVolumes alike;
+//   - the conversion to the internal version: a DaemonSet's
+//     deprecated.daemonset.template.generation annotation becomes
+//     spec.templateGeneration (pkg/apis/apps/v1/conversion.go) and is not
+//     served.
+//
+// The rest of kube-apiserver's defaulting is a no-op on objects it wrote
+// (they were defaulted on the way in); it lives in k8s.io/kubernetes'
+// internal packages, which Herald does not link.
+func readAsKubeAPIServer(obj runtime.Object) {
+	switch o := obj.(type) {
+	case *corev1.PersistentVolumeClaim:
+		if o.Status.Phase == "" {
+			o.Status.Phase = corev1.ClaimPending
+		}
+	case *corev1.PersistentVolume:
+		if o.Status.Phase == "" {
+			o.Status.Phase = corev1.VolumePending
+		}
+	case *appsv1.DaemonSet:
+		if _, ok := o.Annotations[appsv1.DeprecatedTemplateGeneration]; ok {
+			delete(o.Annotations, appsv1.DeprecatedTemplateGeneration)
+			if len(o.Annotations) == 0 {
+				o.Annotations = nil
+			}
+		}
+	}
 }

@@ -222,10 +222,13 @@ func (n *Negotiator) Route(r *http.Request, custom, collection bool) error {
 
 // ErrorMediaType is the media type kube-apiserver writes an error Status in
 // (responsewriters.ErrorNegotiated): the request's negotiated media type
-// without any transformation, JSON when none is acceptable.
+// without any transformation; "" when none is acceptable (an Accept that
+// only asks for a transformation, as=PartialObjectMetadata or Table), for
+// which kube-apiserver writes the Status as indented JSON
+// (responsewriters.WriteRawJSON).
 func (n *Negotiator) ErrorMediaType(r *http.Request) string {
 	if _, info, err := negotiation.NegotiateOutputMediaType(r, n.codecs, negotiation.DefaultEndpointRestrictions); err == nil {
 		return info.MediaType
 	}
-	return MediaJSON
+	return ""
 }

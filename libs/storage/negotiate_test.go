@@ -205,7 +205,8 @@ func TestRoute(t *testing.T) {
 		"":                                    MediaJSON,
 		"application/yaml":                    MediaYAML,
 		"application/vnd.kubernetes.protobuf": MediaProtobuf,
-		"text/html":                           MediaJSON,
+		"text/html":                           "",
+		"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1":                                         "",
 		"application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json": MediaJSON,
 	} {
 		if got := n.ErrorMediaType(request(accept, "", "")); got != want {

@@ -40,14 +40,13 @@ type format struct {
 // shared through item.line.
 var jsonLines = format{mt: storage.MediaJSON}
 
-// contentType is the stream's Content-Type, kube-apiserver's (Tables keep
-// the as= parameters Herald has always sent them with).
+// contentType is the stream's Content-Type, kube-apiserver's: a JSON
+// stream is application/json whatever it carries (Tables included), as
+// k8s.io/apiserver's serveWatchHandler names the serializer's media type
+// only.
 func (f format) contentType() string {
-	switch {
-	case f.mt == storage.MediaProtobuf:
+	if f.mt == storage.MediaProtobuf {
 		return storage.MediaProtobufWatch
-	case f.as == storage.KindTable:
-		return "application/json;as=Table;v=v1;g=meta.k8s.io"
 	}
 	return storage.MediaJSON
 }

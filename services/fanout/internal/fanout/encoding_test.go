@@ -176,7 +176,7 @@ func TestNegotiateWatch(t *testing.T) {
 		{pods, "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
 			format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadataList, gv: metav1.SchemeGroupVersion}, "application/json", 0},
 		{pods, "application/json;as=Table;g=meta.k8s.io;v=v1", format{mt: storage.MediaJSON, as: storage.KindTable, gv: metav1.SchemeGroupVersion},
-			"application/json;as=Table;v=v1;g=meta.k8s.io", 0},
+			"application/json", 0},
 		{pods, "application/yaml", format{}, "", 406},
 		{widgets, "application/vnd.kubernetes.protobuf", format{}, "", 406},
 		{widgets, "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"net/http"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -15,9 +13,6 @@ import (
 // Errors of the cache come through kube.FromGRPC; option errors found here
 // are mapped the same way (kube.OptionError), so a client sees the same
 // Status whichever hop rejected its request.
-
-// statusInvalid is an option combination kube-apiserver rejects as 422.
-func statusInvalid(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
 
 // badRequest is a 400 with msg.
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }

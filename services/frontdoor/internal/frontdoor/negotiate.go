@@ -102,12 +102,17 @@ func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n stor
 
 // writeStatus writes an error of a resource request in the media type
 // kube-apiserver writes it in (a protobuf client gets a protobuf Status, a
-// YAML one YAML); JSON, and anything that cannot be encoded otherwise, as
-// kube.WriteStatus writes it.
+// YAML one YAML, one whose Accept allows no plain media type indented JSON);
+// JSON, and anything that cannot be encoded otherwise, as kube.WriteStatus
+// writes it.
 func (s *Server) writeStatus(w http.ResponseWriter, r *http.Request, err error) {
 	mt := s.neg.ErrorMediaType(r)
-	if mt == storage.MediaJSON {
+	switch mt {
+	case storage.MediaJSON:
 		kube.WriteStatus(w, err)
+		return
+	case "":
+		kube.WriteRawStatus(w, err)
 		return
 	}
 	st := kube.StatusOf(err)

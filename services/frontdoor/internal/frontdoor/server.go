@@ -555,20 +555,23 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 		// kube-apiserver lists everything for a negative limit, as for none.
 		limit = max(n, 0)
 	}
-	if q.Get("sendInitialEvents") != "" {
-		return nil, kube.FromGRPC(statusInvalid("sendInitialEvents is forbidden for list"))
-	}
 	req := &heraldv1.ListRequest{
 		Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name,
 		ResourceVersion: q.Get("resourceVersion"), ResourceVersionMatch: q.Get("resourceVersionMatch"),
 		LabelSelector: q.Get("labelSelector"), FieldSelector: q.Get("fieldSelector"),
 		Limit: limit, Continue: q.Get("continue"),
 	}
-	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit); err != nil {
-		return nil, kube.OptionError(err)
-	}
+	// kube-apiserver's order: the parameters' syntax, their combination
+	// (422), the field labels, then what its storage reads (the
+	// resourceVersion, the continue token).
 	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
 		return nil, kube.OptionError(err)
+	}
+	if err := kube.ValidateListOptions(q); err != nil {
+		return nil, err
+	}
+	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit); err != nil {
+		return nil, kube.ListPlanError(err, req.ResourceVersion, req.Continue)
 	}
 	return req, nil
 }
