@@ -107,7 +107,13 @@ func (c *Sharded) List(ctx context.Context, req *heraldv1.ListRequest, opts ...g
 		}
 		pages = append(pages, page)
 	}
-	return mergePages(pages, req.Limit, req.Continue == "" && req.ResourceVersion == "0"), nil
+	// Shards ignore the limit at resourceVersion=0, except for a resource
+	// kube-apiserver does not watch-cache (it lists those from etcd).
+	ignoreLimit := req.Continue == "" && req.ResourceVersion == "0"
+	if r, ok := c.reg.ByID(req.Resource); ok && r.Stored().NotWatchCached {
+		ignoreLimit = false
+	}
+	return mergePages(pages, req.Limit, ignoreLimit), nil
 }
 
 // mergePages merges shard pages (each in key order) into one page of at most

@@ -48,6 +48,9 @@ type printer struct {
 	columns []metav1.TableColumnDefinition
 	// row fills in a row's cells (and conditions) from the object's JSON.
 	row func(obj []byte, now time.Time, row *metav1.TableRow) error
+	// order, if set, is the order kube-apiserver prints a list's items in
+	// (a permutation of their indexes); nil: as listed.
+	order func(items [][]byte) []int
 }
 
 // typed makes a printer of a k8s.io/api type.
@@ -1263,7 +1266,7 @@ func addOtherPrinters() {
 		}))
 
 	fs := flowcontrolv1.FlowSchemaSpec{}.SwaggerDoc()
-	addPrinter("flowcontrol.apiserver.k8s.io", "FlowSchema", typed([]metav1.TableColumnDefinition{
+	flowSchemas := typed([]metav1.TableColumnDefinition{
 		nameColumn, col("PriorityLevel", "string", flowcontrolv1.PriorityLevelConfigurationReference{}.SwaggerDoc()["name"]),
 		col("MatchingPrecedence", "string", fs["matchingPrecedence"]), col("DistinguisherMethod", "string", fs["distinguisherMethod"]),
 		ageColumn, col("MissingPL", "string", "references a broken or non-existent PriorityLevelConfiguration"),
@@ -1280,7 +1283,30 @@ func addOtherPrinters() {
 			}
 		}
 		row.Cells = []any{o.Name, o.Spec.PriorityLevelConfiguration.Name, int64(o.Spec.MatchingPrecedence), method, since(o.CreationTimestamp, now), bad}
-	}))
+	})
+	// printFlowSchemaList: by matching precedence, then name.
+	flowSchemas.order = func(items [][]byte) []int {
+		type key struct {
+			precedence int32
+			name       string
+		}
+		keys := make([]key, len(items))
+		idx := make([]int, len(items))
+		for i, it := range items {
+			var o flowcontrolv1.FlowSchema
+			_ = json.Unmarshal(it, &o)
+			keys[i], idx[i] = key{o.Spec.MatchingPrecedence, o.Name}, i
+		}
+		sort.SliceStable(idx, func(a, b int) bool {
+			ka, kb := keys[idx[a]], keys[idx[b]]
+			if ka.precedence != kb.precedence {
+				return ka.precedence < kb.precedence
+			}
+			return ka.name < kb.name
+		})
+		return idx
+	}
+	addPrinter("flowcontrol.apiserver.k8s.io", "FlowSchema", flowSchemas)
 
 	qc := flowcontrolv1.QueuingConfiguration{}.SwaggerDoc()
 	addPrinter("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration", typed([]metav1.TableColumnDefinition{

@@ -64,10 +64,19 @@ func (r *Resource) unknownFieldLabel(label string) string {
 		return fmt.Sprintf("field label %q not supported for Job", label)
 	case r.Group == "resource.k8s.io" && r.Kind == "ResourceSlice":
 		return fmt.Sprintf("field label not supported for %s: %s", schema.GroupVersionKind{Group: r.Group, Version: r.Version, Kind: r.Kind}, label)
-	case len(r.Fields) == 0:
+	case defaultFieldLabels(r.stored.FieldLabels):
 		return fmt.Sprintf("%q is not a known field selector: only %q, %q", label, "metadata.name", "metadata.namespace")
 	}
 	return "field label not supported: " + label
+}
+
+// defaultFieldLabels reports whether labels are those of
+// runtime.DefaultMetaV1FieldSelectorConversion (the kind registers no field
+// label conversion of its own).
+func defaultFieldLabels(labels map[string]string) bool {
+	_, name := labels["metadata.name"]
+	_, ns := labels["metadata.namespace"]
+	return len(labels) == 2 && name && ns
 }
 
 func (r *Resource) selectable(field string) bool {

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
+
+	"herald.dev/libs/storage"
 )
 
 // tableObject is the part of an object a Table row needs.
@@ -132,6 +134,13 @@ func TableWith(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumn
 			t.ColumnDefinitions = columns(r)
 		}
 	}
+	if builtin && p.order != nil && len(items) > 1 {
+		ordered := make([][]byte, len(items))
+		for i, j := range p.order(items) {
+			ordered[i] = items[j]
+		}
+		items = ordered
+	}
 	for _, it := range items {
 		var out metav1.TableRow
 		if builtin {
@@ -158,9 +167,17 @@ func rowObject(item []byte, include IncludeObject) runtime.RawExtension {
 		return runtime.RawExtension{Raw: bytes.TrimSuffix(item, []byte("\n"))}
 	}
 	var o struct {
-		Metadata json.RawMessage `json:"metadata"`
+		APIVersion string          `json:"apiVersion"`
+		Kind       string          `json:"kind"`
+		Metadata   json.RawMessage `json:"metadata"`
 	}
 	_ = json.Unmarshal(item, &o)
+	if o.Kind == "DaemonSet" {
+		// The internal object's metadata (libs/storage.Metadata).
+		if p, err := storage.Metadata(item, false, metav1.SchemeGroupVersion); err == nil {
+			o.Metadata, _ = json.Marshal(&p.ObjectMeta)
+		}
+	}
 	partial, _ := json.Marshal(struct {
 		Kind       string          `json:"kind"`
 		APIVersion string          `json:"apiVersion"`

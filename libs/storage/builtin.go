@@ -77,7 +77,10 @@ func builtin() []*Resource {
 		"involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
 		"metadata.namespace", "metadata.name")
 
-	eventsV1 := mk("events.k8s.io/v1", "events", "Event", ns, short("ev"), key("events"), stored("", "v1", "Event"))
+	// pkg/kubeapiserver/default_storage_factory_builder.go's
+	// DefaultWatchCacheSizes: no watch cache for events.
+	uncached := func(r *Resource) { r.NotWatchCached = true }
+	eventsV1 := mk("events.k8s.io/v1", "events", "Event", ns, short("ev"), key("events"), stored("", "v1", "Event"), uncached)
 	// pkg/apis/events/v1/conversion.go: events.k8s.io names mapped onto
 	// the core Event's selectable fields.
 	eventsV1.FieldLabels = map[string]string{
@@ -104,7 +107,7 @@ func builtin() []*Resource {
 		// core (legacy group), pkg/registry/core/rest/storage_core*.go
 		mk("v1", "configmaps", "ConfigMap", ns, short("cm")),
 		mk("v1", "endpoints", "Endpoints", ns, short("ep"), key("services/endpoints")),
-		mk("v1", "events", "Event", ns, short("ev"), eventLabels),
+		mk("v1", "events", "Event", ns, short("ev"), eventLabels, uncached),
 		mk("v1", "limitranges", "LimitRange", ns, short("limits")),
 		mk("v1", "namespaces", "Namespace", cluster, short("ns"), fl("status.phase", "metadata.name")),
 		mk("v1", "nodes", "Node", cluster, short("no"), key("minions"), fl("metadata.name", "spec.unschedulable")),

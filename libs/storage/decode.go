@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strconv"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
@@ -278,21 +277,14 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 	return u, gvk, nil, nil
 }
 
-// readAsKubeAPIServer changes a decoded object as kube-apiserver's read path
-// does between etcd and the response, for what an object kube-apiserver
-// wrote itself can still lack or carry (seen against kube-apiserver v1.37.2
-// in integration/kubeapi):
-//   - decode-time defaulting (its storage codec defaults what it decodes):
-//     a PersistentVolumeClaim is stored with an empty status (its strategy
-//     clears status on create) and served with phase Pending, as
-//     SetDefaults_PersistentVolumeClaim sets it; PersistentVolumes alike;
-//   - the conversion to the internal version: a DaemonSet's
-//     deprecated.daemonset.template.generation annotation becomes
-//     spec.templateGeneration (pkg/apis/apps/v1/conversion.go) and is not
-//     served.
-//
-// The rest of kube-apiserver's defaulting is a no-op on objects it wrote
-// (they were defaulted on the way in); it lives in k8s.io/kubernetes'
+// readAsKubeAPIServer applies kube-apiserver's decode-time defaulting (its
+// storage codec defaults what it reads) where an object it wrote itself can
+// still lack the default (seen against kube-apiserver v1.37.2 in
+// integration/kubeapi): a PersistentVolumeClaim is stored with an empty
+// status (its strategy clears status on create) and served with phase
+// Pending, as SetDefaults_PersistentVolumeClaim sets it; PersistentVolumes
+// alike. The rest of kube-apiserver's defaulting is a no-op on objects it
+// wrote (they were defaulted on the way in); it lives in k8s.io/kubernetes'
 // internal packages, which Herald does not link.
 func readAsKubeAPIServer(obj runtime.Object) {
 	switch o := obj.(type) {
@@ -303,13 +295,6 @@ func readAsKubeAPIServer(obj runtime.Object) {
 	case *corev1.PersistentVolume:
 		if o.Status.Phase == "" {
 			o.Status.Phase = corev1.VolumePending
-		}
-	case *appsv1.DaemonSet:
-		if _, ok := o.Annotations[appsv1.DeprecatedTemplateGeneration]; ok {
-			delete(o.Annotations, appsv1.DeprecatedTemplateGeneration)
-			if len(o.Annotations) == 0 {
-				o.Annotations = nil
-			}
 		}
 	}
 }

@@ -35,6 +35,10 @@ type Resource struct {
 	// events.k8s.io's "regarding.name" to "involvedObject.name"). A label
 	// not in the map is refused with 400 by kube-apiserver.
 	FieldLabels map[string]string
+	// NotWatchCached: kube-apiserver keeps no watch cache for the
+	// resource (DefaultWatchCacheSizes: events), so it answers every list
+	// from etcd, a resourceVersion=0 one with its limit honoured.
+	NotWatchCached bool
 }
 
 // GroupResource is the served group and resource: the key of the encryption

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -64,12 +65,15 @@ func Metadata(data []byte, custom bool, gv schema.GroupVersion) (*metav1.Partial
 		// as kube's JSON decoder reads it (case-sensitive).
 		p = &metav1.PartialObjectMetadata{}
 		var top struct {
-			Metadata *metav1.ObjectMeta `json:"metadata"`
+			APIVersion string             `json:"apiVersion"`
+			Kind       string             `json:"kind"`
+			Metadata   *metav1.ObjectMeta `json:"metadata"`
 		}
 		top.Metadata = &p.ObjectMeta
 		if err := kjson.UnmarshalCaseSensitivePreserveInts(data, &top); err != nil {
 			return nil, fmt.Errorf("reading metadata: %w", err)
 		}
+		internalMetadata(top.APIVersion, top.Kind, &p.ObjectMeta)
 	}
 	p.SetGroupVersionKind(gv.WithKind(KindPartialObjectMetadata))
 	return p, nil
@@ -89,8 +93,50 @@ func (c *Codec) BookmarkObject(gvk schema.GroupVersionKind, rv string, annotatio
 	}
 	m.SetResourceVersion(rv)
 	m.SetAnnotations(annotations)
+	asConvertedFromInternal(obj)
 	obj.GetObjectKind().SetGroupVersionKind(gvk)
 	return obj, nil
+}
+
+// internalMetadata changes a served object's metadata into its internal
+// object's, which is what kube-apiserver's PartialObjectMetadata and Table
+// rows show: a DaemonSet's deprecated.daemonset.template.generation
+// annotation is its internal spec.templateGeneration
+// (pkg/apis/apps/v1/conversion.go), not an annotation.
+func internalMetadata(apiVersion, kind string, m *metav1.ObjectMeta) {
+	if kind != "DaemonSet" || apiVersion != "apps/v1" {
+		return
+	}
+	if _, ok := m.Annotations[appsv1.DeprecatedTemplateGeneration]; ok {
+		delete(m.Annotations, appsv1.DeprecatedTemplateGeneration)
+		if len(m.Annotations) == 0 {
+			m.Annotations = nil
+		}
+	}
+}
+
+// asConvertedFromInternal gives an empty object what kube-apiserver's
+// conversion of an empty internal object to it sets (its bookmarks are
+// internal objects converted to the served version): integers the
+// internal type holds by value and the served one by pointer, and the
+// DaemonSet's template-generation annotation (pkg/apis/apps/v1/conversion.go).
+// Seen against kube-apiserver v1.37.2 in integration/kubeapi.
+func asConvertedFromInternal(obj runtime.Object) {
+	zero := func() *int32 { return new(int32) }
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		o.Spec.Replicas = zero()
+	case *appsv1.ReplicaSet:
+		o.Spec.Replicas = zero()
+	case *appsv1.StatefulSet:
+		o.Spec.Replicas = zero()
+	case *appsv1.DaemonSet:
+		ann := map[string]string{appsv1.DeprecatedTemplateGeneration: "0"}
+		for k, v := range o.Annotations {
+			ann[k] = v
+		}
+		o.Annotations = ann
+	}
 }
 
 // Encode writes obj (with its kind set) in media type mt: kube's JSON

@@ -79,6 +79,11 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if plan.Mode == rv.ListAny && rs.res.Stored().NotWatchCached {
+		// kube-apiserver lists a resource it does not watch-cache from
+		// etcd, with the limit, even at resourceVersion=0.
+		plan.Limit = max(req.Limit, 0)
+	}
 	if req.Name != "" {
 		// GET: one object, same revision rules; limit and continue do not apply.
 		plan.Limit = 0
@@ -149,15 +154,19 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	more := false
 	var remaining int64
 	snap.scan(rs.res.NamespacePrefix(req.Namespace), after, func(e *entry) bool {
-		if !sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
-			return true
-		}
 		if limit > 0 && int64(len(resp.Items)) >= limit {
+			// As kube-apiserver's cacher pages: a full page has a
+			// continue token when any object follows it, matching or
+			// not (so the last page of a selective list may be empty);
+			// without selectors, the rest is counted.
 			more = true
 			if sel.HasSelectors() {
 				return false
 			}
 			remaining++
+			return true
+		}
+		if !sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
 			return true
 		}
 		resp.Items = append(resp.Items, e.obj.JSON)

@@ -112,5 +112,13 @@ func bookmarkLine(r *kube.Resource, rev int64, initialEnd bool) []byte {
 // tableLine encodes an event for a watcher that asked for Tables (now: for
 // the age column).
 func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool, now time.Time) []byte {
-	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{}, withColumns, now))
+	// kube-apiserver's table of one object carries that object's
+	// resourceVersion (its table convertors read it with CommonAccessor).
+	var o struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(obj, &o)
+	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{ResourceVersion: o.Metadata.ResourceVersion}, withColumns, now))
 }
