@@ -32,6 +32,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
+
+	"herald.dev/libs/storage"
 )
 
 // The Table columns and cells of the built-in kinds, as kube-apiserver's
@@ -258,7 +260,7 @@ func addCorePrinters() {
 		printEvent(o, now, row)
 	}))
 	addPrinter("events.k8s.io", "Event", typed(eventColumns, func(o *eventsv1.Event, now time.Time, row *metav1.TableRow) {
-		printEvent(CoreEventFromEventsV1(o), now, row)
+		printEvent(storage.CoreEventFromEventsV1(o), now, row)
 	}))
 
 	addPrinter("", "Namespace", typed([]metav1.TableColumnDefinition{
@@ -707,24 +709,6 @@ func printEvent(o *corev1.Event, now time.Time, row *metav1.TableRow) {
 	}
 	row.Cells = []any{last, o.Type, o.Reason, target, o.InvolvedObject.FieldPath, source, strings.TrimSpace(o.Message),
 		first, int64(count), o.Name}
-}
-
-// CoreEventFromEventsV1 is an events.k8s.io/v1 Event as the core v1 Event
-// kube-apiserver stores it as (pkg/apis/events/v1/conversion.go: regarding
-// is involvedObject, note is message, the deprecated fields are the core
-// ones, reportingController is reportingComponent).
-func CoreEventFromEventsV1(e *eventsv1.Event) *corev1.Event {
-	out := &corev1.Event{
-		ObjectMeta: e.ObjectMeta, InvolvedObject: e.Regarding, Reason: e.Reason, Message: e.Note,
-		Source:         corev1.EventSource{Component: e.DeprecatedSource.Component, Host: e.DeprecatedSource.Host},
-		FirstTimestamp: e.DeprecatedFirstTimestamp, LastTimestamp: e.DeprecatedLastTimestamp, Count: e.DeprecatedCount,
-		Type: e.Type, EventTime: e.EventTime, Related: e.Related, Action: e.Action,
-		ReportingController: e.ReportingController, ReportingInstance: e.ReportingInstance,
-	}
-	if e.Series != nil {
-		out.Series = &corev1.EventSeries{Count: e.Series.Count, LastObservedTime: e.Series.LastObservedTime}
-	}
-	return out
 }
 
 func addAppsPrinters() {

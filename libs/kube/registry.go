@@ -60,6 +60,12 @@ type Resource struct {
 	stored *storage.Resource
 	// builtin: a resource of libs/storage's built-in table.
 	builtin bool
+	// source: for a resource served from another one's stored values
+	// (events.k8s.io/v1 Events are core v1 Events converted), that
+	// resource; nil otherwise. Keys parse to the source, which lists its
+	// aliases.
+	source  *Resource
+	aliases []*Resource
 	// computed marks, per entry of Fields, a field kube-apiserver's
 	// registry computes for the stored kind (read from the decoded
 	// object); the others are read from the JSON.
@@ -148,7 +154,25 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		reg.list = append(reg.list, rp)
 		reg.byID[r.ID()] = rp
 		reg.byGVR[r.Group+"/"+r.Version+"/"+r.Plural] = rp
-		reg.byKey = append(reg.byKey, rp)
+		if r.stored.Convert == nil {
+			reg.byKey = append(reg.byKey, rp)
+		}
+	}
+	// A converted resource is served from the values of the resource
+	// stored under the same key, which must be registered too.
+	for _, r := range reg.list {
+		if r.stored.Convert == nil {
+			continue
+		}
+		for _, src := range reg.byKey {
+			if src.keyPrefix == r.keyPrefix {
+				r.source = src
+				src.aliases = append(src.aliases, r)
+			}
+		}
+		if r.source == nil {
+			return nil, fmt.Errorf("resource %s is served from the values under %s: register the resource stored there too", r.ID(), r.keyPrefix)
+		}
 	}
 	sort.Slice(reg.byKey, func(i, j int) bool { return len(reg.byKey[i].keyPrefix) > len(reg.byKey[j].keyPrefix) })
 	for i := 1; i < len(reg.byKey); i++ {
@@ -196,6 +220,24 @@ func (g *Registry) ByID(id string) (*Resource, bool) {
 func (g *Registry) Lookup(group, version, plural string) (*Resource, bool) {
 	r, ok := g.byGVR[group+"/"+version+"/"+plural]
 	return r, ok
+}
+
+// Readers is r and the resources served from r's stored values (its
+// aliases): every resource a change to a key of r changes.
+func (r *Resource) Readers() []*Resource {
+	if len(r.aliases) == 0 {
+		return []*Resource{r}
+	}
+	return append([]*Resource{r}, r.aliases...)
+}
+
+// StreamResource is the resource whose stream subjects carry r's changes:
+// r itself, or the resource r is served from.
+func (r *Resource) StreamResource() *Resource {
+	if r.source != nil {
+		return r.source
+	}
+	return r
 }
 
 // ParseKey finds the resource owning an etcd key and the object's namespace

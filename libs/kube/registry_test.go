@@ -73,8 +73,15 @@ func TestDefaultRegistryIsTheBuiltinTable(t *testing.T) {
 	if _, ok := g.Lookup("autoscaling", "v1", "horizontalpodautoscalers"); ok {
 		t.Error("autoscaling/v1 HPAs (stored as v2) are served")
 	}
-	if _, ok := g.Lookup("events.k8s.io", "v1", "events"); ok {
-		t.Error("events.k8s.io events (stored as core Events) are served")
+	// events.k8s.io Events are core Events converted: keys parse to the
+	// core resource, whose readers include them, and they read its stream.
+	ev, ok := g.Lookup("events.k8s.io", "v1", "events")
+	core, _ := g.ByID("events")
+	if !ok {
+		t.Fatal("events.k8s.io events are not served")
+	}
+	if r, _, _, _ := g.ParseKey("/registry/events/ns/e"); r != core || !slices.Equal(core.Readers(), []*Resource{core, ev}) || ev.StreamResource() != core {
+		t.Errorf("events.k8s.io events: key owner %v, readers %v, stream %v", r.ID(), core.Readers(), ev.StreamResource().ID())
 	}
 }
 

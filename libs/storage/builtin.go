@@ -81,6 +81,7 @@ func builtin() []*Resource {
 	// DefaultWatchCacheSizes: no watch cache for events.
 	uncached := func(r *Resource) { r.NotWatchCached = true }
 	eventsV1 := mk("events.k8s.io/v1", "events", "Event", ns, short("ev"), key("events"), stored("", "v1", "Event"), uncached)
+	eventsV1.Convert = convertEventsV1
 	// pkg/apis/events/v1/conversion.go: events.k8s.io names mapped onto
 	// the core Event's selectable fields.
 	eventsV1.FieldLabels = map[string]string{

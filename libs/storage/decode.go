@@ -195,6 +195,18 @@ func (c *Codec) Decode(ctx context.Context, res *Resource, key, stored []byte, r
 		return fail(ErrWrongKind, err)
 	}
 	readAsKubeAPIServer(out)
+	// Selectable fields are the stored kind's (a served version's field
+	// labels map onto them: Resource.FieldLabels).
+	flds := selectableFields(out, m, res.Namespaced)
+	if res.Convert != nil && gvk == res.StorageGVK() && gvk != res.ServedGVK() {
+		if out, err = res.Convert(out); err != nil {
+			return fail(ErrWrongKind, err)
+		}
+		if m, err = meta.Accessor(out); err != nil {
+			return fail(ErrWrongKind, err)
+		}
+		gvk = res.ServedGVK()
+	}
 	// The object carries its kind from now on, so encoders never have to
 	// set it (kube-apiserver's versioning encoder sets the same one).
 	out.GetObjectKind().SetGroupVersionKind(gvk)
@@ -206,7 +218,7 @@ func (c *Codec) Decode(ctx context.Context, res *Resource, key, stored []byte, r
 		Namespace:       m.GetNamespace(),
 		Name:            m.GetName(),
 		Labels:          labels.Set(m.GetLabels()),
-		Fields:          selectableFields(out, m, res.Namespaced),
+		Fields:          flds,
 		ResourceVersion: revision,
 		Encrypted:       encrypted,
 	}, nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -39,6 +40,10 @@ type Resource struct {
 	// resource (DefaultWatchCacheSizes: events), so it answers every list
 	// from etcd, a resourceVersion=0 one with its limit honoured.
 	NotWatchCached bool
+	// Convert, when the served kind differs from the stored one, turns a
+	// decoded stored object into the served one; nil when that takes
+	// kube-apiserver's internal types (see NeedsConversion).
+	Convert func(runtime.Object) (runtime.Object, error)
 }
 
 // GroupResource is the served group and resource: the key of the encryption
@@ -63,12 +68,11 @@ func (r *Resource) ServedGVK() schema.GroupVersionKind {
 }
 
 // NeedsConversion reports whether the stored kind differs from the served
-// one. Converting needs kube-apiserver's internal types (k8s.io/kubernetes),
-// which Herald does not link: such a resource is decoded in its storage
-// version and must not be served from the cache in its served version until
-// a conversion exists.
+// one and Herald has no conversion for it (Convert): converting it needs
+// kube-apiserver's internal types (k8s.io/kubernetes), which Herald does not
+// link, so it is not served from the cache.
 func (r *Resource) NeedsConversion() bool {
-	return r.StorageGVK() != r.ServedGVK()
+	return r.StorageGVK() != r.ServedGVK() && r.Convert == nil
 }
 
 // Key is the etcd key of the object namespace/name under prefix (e.g.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -122,9 +123,10 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 // historicEvent rebuilds the event of one change read from the stream.
 func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace string, rev int64, c *heraldv1.Change, seen map[string]*kube.Object) (*heraldv1.Event, error) {
 	r, ns, name, ok := s.reg.ParseKey(c.Key)
-	if !ok || r != rs.res || (namespace != "" && ns != namespace) {
+	if !ok || !slices.Contains(r.Readers(), rs.res) || (namespace != "" && ns != namespace) {
 		return nil, nil
 	}
+	r = rs.res
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -200,15 +201,23 @@ func (s *Shard) subjects() []string {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
+	seen := map[string]bool{}
+	add := func(subject string) {
+		// A resource served from another's values reads its subjects.
+		if !seen[subject] {
+			seen[subject] = true
+			out = append(out, subject)
+		}
+	}
 	for _, id := range ids {
 		r, parts := s.resources[id].res, s.resources[id].parts
 		if parts == nil {
-			out = append(out, stream.Filter(r))
+			add(stream.Filter(r))
 			continue
 		}
 		for p := range kube.Partitions {
 			if parts[p] {
-				out = append(out, stream.PartitionSubject(r, p))
+				add(stream.PartitionSubject(r, p))
 			}
 		}
 	}
@@ -465,9 +474,10 @@ func (s *Shard) loadSnapshot(ctx context.Context, rev int64) (int64, error) {
 			for _, kv := range resp.Kvs {
 				key := string(kv.Key)
 				r, ns, name, ok := s.reg.ParseKey(key)
-				if r != rs.res {
+				if r == nil || !slices.Contains(r.Readers(), rs.res) {
 					continue
 				}
+				r = rs.res
 				if _, owned := s.owns(r, ns); !owned {
 					continue
 				}
@@ -617,40 +627,44 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	}
 	var batches map[*resourceState]*batch
 	for _, c := range changes {
-		r, ns, name, ok := s.reg.ParseKey(c.Key)
-		if r == nil {
+		owner, ns, name, ok := s.reg.ParseKey(c.Key)
+		if owner == nil {
 			continue
 		}
-		rs, owned := s.owns(r, ns)
-		if !owned {
-			continue
-		}
-		if !ok {
-			if c.Kind == heraldv1.Change_PUT {
-				s.skipKey(r, c.Key, rev)
+		// Every resource served from the key's values (the owner and
+		// its aliases, e.g. core and events.k8s.io Events).
+		for _, r := range owner.Readers() {
+			rs, owned := s.owns(r, ns)
+			if !owned {
+				continue
 			}
-			continue
+			if !ok {
+				if c.Kind == heraldv1.Change_PUT {
+					s.skipKey(r, c.Key, rev)
+				}
+				continue
+			}
+			ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
+			if err != nil {
+				s.skipUndecodable(r, c.Key, rev, err)
+				continue
+			}
+			if ev == nil {
+				continue // never served, nothing to delete
+			}
+			ev.ObservedUnixNano, ev.Traceparent = rec.ObservedUnixNano, s.traceparent
+			if batches == nil {
+				batches = map[*resourceState]*batch{}
+			}
+			b := batches[rs]
+			if b == nil {
+				b = &batch{}
+				batches[rs] = b
+			}
+			b.evs = append(b.evs, ev)
+			b.objs = append(b.objs, obj)
+			b.keys = append(b.keys, c.Key)
 		}
-		ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
-		if err != nil {
-			s.skipUndecodable(r, c.Key, rev, err)
-			continue
-		}
-		if ev == nil {
-			continue // never served, nothing to delete
-		}
-		ev.ObservedUnixNano, ev.Traceparent = rec.ObservedUnixNano, s.traceparent
-		if batches == nil {
-			batches = map[*resourceState]*batch{}
-		}
-		b := batches[rs]
-		if b == nil {
-			b = &batch{}
-			batches[rs] = b
-		}
-		b.evs = append(b.evs, ev)
-		b.objs = append(b.objs, obj)
-		b.keys = append(b.keys, c.Key)
 	}
 	for rs, b := range batches {
 		rs.applyRevision(rev, b.evs, b.objs, b.keys)

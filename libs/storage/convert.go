@@ -1,0 +1,60 @@
+package storage
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Conversions from a storage version to a served one that need no
+// internal type: the two versions carry the same fields under other names,
+// so the mapping kube-apiserver's conversion through its internal version
+// makes is written out here (and proven against kube-apiserver by
+// integration/kubeapi).
+
+// EventsV1FromCore is a core v1 Event (what kube-apiserver stores for both
+// APIs) as events.k8s.io/v1 serves it: pkg/apis/events/v1/conversion.go maps
+// involvedObject to regarding, message to note, source, firstTimestamp,
+// lastTimestamp and count to their deprecated* fields, and copies the rest
+// (reportingComponent is reportingController in both).
+func EventsV1FromCore(e *corev1.Event) *eventsv1.Event {
+	out := &eventsv1.Event{
+		ObjectMeta: e.ObjectMeta, EventTime: e.EventTime,
+		ReportingController: e.ReportingController, ReportingInstance: e.ReportingInstance,
+		Action: e.Action, Reason: e.Reason, Regarding: e.InvolvedObject, Related: e.Related, Note: e.Message, Type: e.Type,
+		DeprecatedSource:         e.Source,
+		DeprecatedFirstTimestamp: e.FirstTimestamp, DeprecatedLastTimestamp: e.LastTimestamp, DeprecatedCount: e.Count,
+	}
+	if e.Series != nil {
+		out.Series = &eventsv1.EventSeries{Count: e.Series.Count, LastObservedTime: e.Series.LastObservedTime}
+	}
+	out.SetGroupVersionKind(eventsv1.SchemeGroupVersion.WithKind("Event"))
+	return out
+}
+
+// CoreEventFromEventsV1 is EventsV1FromCore's inverse.
+func CoreEventFromEventsV1(e *eventsv1.Event) *corev1.Event {
+	out := &corev1.Event{
+		ObjectMeta: e.ObjectMeta, InvolvedObject: e.Regarding, Reason: e.Reason, Message: e.Note,
+		Source:         e.DeprecatedSource,
+		FirstTimestamp: e.DeprecatedFirstTimestamp, LastTimestamp: e.DeprecatedLastTimestamp, Count: e.DeprecatedCount,
+		Type: e.Type, EventTime: e.EventTime, Related: e.Related, Action: e.Action,
+		ReportingController: e.ReportingController, ReportingInstance: e.ReportingInstance,
+	}
+	if e.Series != nil {
+		out.Series = &corev1.EventSeries{Count: e.Series.Count, LastObservedTime: e.Series.LastObservedTime}
+	}
+	out.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Event"))
+	return out
+}
+
+// convertEventsV1 is the events.k8s.io/v1 Resource's Convert.
+func convertEventsV1(obj runtime.Object) (runtime.Object, error) {
+	e, ok := obj.(*corev1.Event)
+	if !ok {
+		return nil, fmt.Errorf("events.k8s.io/v1 from %T", obj)
+	}
+	return EventsV1FromCore(e), nil
+}
