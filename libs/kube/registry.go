@@ -128,9 +128,12 @@ type Registry struct {
 // resource with the group, version and plural of a built-in one (libs/storage's
 // table) is that resource: it must agree with it on kind and scope, and
 // takes its key layout, short names, categories and field labels where it
-// leaves them out. A built-in resource whose served version differs from
-// its storage version is refused: Herald cannot convert it (see
-// storage.Resource.NeedsConversion), so it is not served from the cache.
+// leaves them out. A built-in resource whose served version Herald cannot
+// convert from its storage version is refused (see
+// storage.Resource.NeedsConversion), so it is not served from the cache. A
+// converted resource sharing its key with the resource stored there
+// (events.k8s.io Events, core Events) is that resource's alias: keys parse
+// to the resource stored there, and a change reaches every Readers().
 func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 	prefix = strings.TrimRight(prefix, "/")
 	if prefix == "" || !strings.HasPrefix(prefix, "/") {
@@ -154,24 +157,22 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		reg.list = append(reg.list, rp)
 		reg.byID[r.ID()] = rp
 		reg.byGVR[r.Group+"/"+r.Version+"/"+r.Plural] = rp
-		if r.stored.Convert == nil {
-			reg.byKey = append(reg.byKey, rp)
-		}
 	}
-	// A converted resource is served from the values of the resource
-	// stored under the same key, which must be registered too.
+	// A converted resource that shares its key with one served in its
+	// stored version (events.k8s.io and core Events) is served from that
+	// one's values: an alias, which owns no key.
 	for _, r := range reg.list {
-		if r.stored.Convert == nil {
-			continue
-		}
-		for _, src := range reg.byKey {
-			if src.keyPrefix == r.keyPrefix {
-				r.source = src
-				src.aliases = append(src.aliases, r)
+		if r.stored.Convert != nil {
+			for _, src := range reg.list {
+				if src != r && src.stored.Convert == nil && src.keyPrefix == r.keyPrefix {
+					r.source = src
+					src.aliases = append(src.aliases, r)
+					break
+				}
 			}
 		}
 		if r.source == nil {
-			return nil, fmt.Errorf("resource %s is served from the values under %s: register the resource stored there too", r.ID(), r.keyPrefix)
+			reg.byKey = append(reg.byKey, r)
 		}
 	}
 	sort.Slice(reg.byKey, func(i, j int) bool { return len(reg.byKey[i].keyPrefix) > len(reg.byKey[j].keyPrefix) })
@@ -266,8 +267,8 @@ func (g *Registry) ParseKey(key string) (r *Resource, namespace, name string, ok
 
 // DefaultResources is the built-in registry: every resource of
 // libs/storage's built-in table (kube-apiserver's resources, key layouts,
-// short names, categories and field labels) whose served version is its
-// storage version, in the table's order.
+// short names, categories and field labels) that Herald can serve (its
+// stored version, or one it converts to), in the table's order.
 func DefaultResources() []Resource {
 	var out []Resource
 	for _, st := range storage.Builtins() {

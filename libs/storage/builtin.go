@@ -1,5 +1,12 @@
 package storage
 
+import (
+	certificatesv1 "k8s.io/api/certificates/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	storagemigrationv1 "k8s.io/api/storagemigration/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
 // The built-in resource table: every resource kube-apiserver v1.37 serves by
 // default and keeps in etcd, read from k8s.io/kubernetes v1.37.2:
 //   - which resources and versions: pkg/controlplane/instance.go
@@ -49,6 +56,12 @@ func builtin() []*Resource {
 	fl := func(ls ...string) opt { return func(r *Resource) { r.FieldLabels = labelsOf(ls...) } }
 	stored := func(group, version, kind string) opt {
 		return func(r *Resource) { r.StorageGroup, r.StorageVersion, r.StorageKind = group, version, kind }
+	}
+	// sameFields: the served version's Go type has exactly the stored
+	// one's fields (TestSameFieldsConversions), so kube-apiserver's
+	// conversion through its internal version copies every field.
+	sameFields := func(served func() runtime.Object) opt {
+		return func(r *Resource) { r.Convert = convertSameFields(served) }
 	}
 	mk := func(gv, resource, kind string, namespaced bool, opts ...opt) *Resource {
 		group, version := "", gv
@@ -161,7 +174,8 @@ func builtin() []*Resource {
 		mk("certificates.k8s.io/v1", "certificatesigningrequests", "CertificateSigningRequest", cluster, short("csr"),
 			fl("metadata.name", "spec.signerName")),
 		mk("certificates.k8s.io/v1", "clustertrustbundles", "ClusterTrustBundle", cluster,
-			fl("metadata.name", "spec.signerName"), stored("certificates.k8s.io", "v1beta1", "ClusterTrustBundle")),
+			fl("metadata.name", "spec.signerName"), stored("certificates.k8s.io", "v1beta1", "ClusterTrustBundle"),
+			sameFields(func() runtime.Object { return &certificatesv1.ClusterTrustBundle{} })),
 		mk("certificates.k8s.io/v1", "podcertificaterequests", "PodCertificateRequest", ns,
 			fl("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
 			stored("certificates.k8s.io", "v1beta1", "PodCertificateRequest")),
@@ -192,7 +206,8 @@ func builtin() []*Resource {
 
 		mk("resource.k8s.io/v1", "deviceclasses", "DeviceClass", cluster),
 		mk("resource.k8s.io/v1", "devicetaintrules", "DeviceTaintRule", cluster,
-			stored("resource.k8s.io", "v1beta2", "DeviceTaintRule")),
+			stored("resource.k8s.io", "v1beta2", "DeviceTaintRule"),
+			sameFields(func() runtime.Object { return &resourcev1.DeviceTaintRule{} })),
 		mk("resource.k8s.io/v1", "resourceclaims", "ResourceClaim", ns),
 		mk("resource.k8s.io/v1", "resourceclaimtemplates", "ResourceClaimTemplate", ns),
 		mk("resource.k8s.io/v1", "resourceslices", "ResourceSlice", cluster,
@@ -208,7 +223,8 @@ func builtin() []*Resource {
 		mk("storage.k8s.io/v1", "volumeattributesclasses", "VolumeAttributesClass", cluster, short("vac")),
 
 		mk("storagemigration.k8s.io/v1", "storageversionmigrations", "StorageVersionMigration", cluster,
-			stored("storagemigration.k8s.io", "v1beta1", "StorageVersionMigration")),
+			stored("storagemigration.k8s.io", "v1beta1", "StorageVersionMigration"),
+			sameFields(func() runtime.Object { return &storagemigrationv1.StorageVersionMigration{} })),
 	}
 }
 

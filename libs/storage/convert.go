@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -57,4 +58,20 @@ func convertEventsV1(obj runtime.Object) (runtime.Object, error) {
 		return nil, fmt.Errorf("events.k8s.io/v1 from %T", obj)
 	}
 	return EventsV1FromCore(e), nil
+}
+
+// convertSameFields converts between versions whose Go types have the same
+// fields by reading the stored object's JSON as the served type.
+func convertSameFields(served func() runtime.Object) func(runtime.Object) (runtime.Object, error) {
+	return func(in runtime.Object) (runtime.Object, error) {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		out := served()
+		if err := json.Unmarshal(b, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 }

@@ -28,12 +28,14 @@
 //     none), with the etcd key as authenticated data; metadata.resourceVersion
 //     set to the key's mod revision.
 //
-// Not done here (yet), and so not served from a cache built on it:
-// converting a stored object to another served version (autoscaling/v1 HPAs,
-// events.k8s.io Events, the v1 resources still stored as beta: see
-// Resource.NeedsConversion), which needs kube-apiserver's internal types;
-// kube-apiserver's decode-time defaulting (a no-op for objects it wrote
-// itself); CRD schema defaulting and pruning on read; KMS.
+// Conversions to another served version are done where they need none of
+// kube-apiserver's internal types (Resource.Convert: events.k8s.io/v1
+// Events from core v1 ones, and versions whose Go types have the same
+// fields). Not done here (yet), and so not served from a cache built on it:
+// the other conversions (autoscaling/v1 HPAs, PodCertificateRequests: see
+// Resource.NeedsConversion); kube-apiserver's decode-time defaulting beyond
+// what an object it wrote itself can lack (readAsKubeAPIServer); CRD schema
+// defaulting and pruning on read; KMS.
 //
 // It must never log, and never put into an error message, any byte of a
 // decrypted value (errors about an encrypted value name the step that
