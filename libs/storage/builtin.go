@@ -57,9 +57,9 @@ func builtin() []*Resource {
 	stored := func(group, version, kind string) opt {
 		return func(r *Resource) { r.StorageGroup, r.StorageVersion, r.StorageKind = group, version, kind }
 	}
-	// sameFields: the served version's Go type has exactly the stored
-	// one's fields (TestSameFieldsConversions), so kube-apiserver's
-	// conversion through its internal version copies every field.
+	// sameFields: the served version's Go type has the stored one's
+	// fields (TestSameFieldsConversions), so kube-apiserver's conversion
+	// through its internal version copies every field it has.
 	sameFields := func(served func() runtime.Object) opt {
 		return func(r *Resource) { r.Convert = convertSameFields(served) }
 	}
@@ -176,9 +176,13 @@ func builtin() []*Resource {
 		mk("certificates.k8s.io/v1", "clustertrustbundles", "ClusterTrustBundle", cluster,
 			fl("metadata.name", "spec.signerName"), stored("certificates.k8s.io", "v1beta1", "ClusterTrustBundle"),
 			sameFields(func() runtime.Object { return &certificatesv1.ClusterTrustBundle{} })),
+		// v1 lacks v1beta1's spec.pkixPublicKey and spec.proofOfPossession,
+		// which kube-apiserver's conversion to v1 drops (autoConvert only);
+		// every other field is the same.
 		mk("certificates.k8s.io/v1", "podcertificaterequests", "PodCertificateRequest", ns,
 			fl("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
-			stored("certificates.k8s.io", "v1beta1", "PodCertificateRequest")),
+			stored("certificates.k8s.io", "v1beta1", "PodCertificateRequest"),
+			sameFields(func() runtime.Object { return &certificatesv1.PodCertificateRequest{} })),
 
 		mk("coordination.k8s.io/v1", "leases", "Lease", ns),
 

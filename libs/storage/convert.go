@@ -61,7 +61,9 @@ func convertEventsV1(obj runtime.Object) (runtime.Object, error) {
 }
 
 // convertSameFields converts between versions whose Go types have the same
-// fields by reading the stored object's JSON as the served type.
+// fields by reading the stored object's JSON as the served type (a stored
+// field the served type lacks is dropped, as kube-apiserver's generated
+// conversion drops it).
 func convertSameFields(served func() runtime.Object) func(runtime.Object) (runtime.Object, error) {
 	return func(in runtime.Object) (runtime.Object, error) {
 		b, err := json.Marshal(in)

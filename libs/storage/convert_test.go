@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,14 +15,14 @@ import (
 
 // fieldShape describes a type's JSON fields (names, tags, types),
 // recursively through k8s.io/api types; other types by name.
-func fieldShape(t reflect.Type, seen map[reflect.Type]bool) string {
+func fieldShape(t reflect.Type, seen map[reflect.Type]bool, skip ...string) string {
 	switch t.Kind() {
 	case reflect.Pointer:
-		return "*" + fieldShape(t.Elem(), seen)
+		return "*" + fieldShape(t.Elem(), seen, skip...)
 	case reflect.Slice:
-		return "[]" + fieldShape(t.Elem(), seen)
+		return "[]" + fieldShape(t.Elem(), seen, skip...)
 	case reflect.Map:
-		return "map[" + fieldShape(t.Key(), seen) + "]" + fieldShape(t.Elem(), seen)
+		return "map[" + fieldShape(t.Key(), seen, skip...) + "]" + fieldShape(t.Elem(), seen, skip...)
 	case reflect.Struct:
 		if !strings.HasPrefix(t.PkgPath(), "k8s.io/api/") {
 			return t.String()
@@ -35,10 +36,10 @@ func fieldShape(t reflect.Type, seen map[reflect.Type]bool) string {
 		b.WriteString("{")
 		for i := range t.NumField() {
 			f := t.Field(i)
-			if f.Name == "TypeMeta" {
+			if f.Name == "TypeMeta" || slices.Contains(skip, t.Name()+"."+f.Name) {
 				continue
 			}
-			fmt.Fprintf(&b, "%s %q %s;", f.Name, f.Tag.Get("json"), fieldShape(f.Type, seen))
+			fmt.Fprintf(&b, "%s %q %s;", f.Name, f.Tag.Get("json"), fieldShape(f.Type, seen, skip...))
 		}
 		return b.String() + "}"
 	}
@@ -46,7 +47,8 @@ func fieldShape(t reflect.Type, seen map[reflect.Type]bool) string {
 }
 
 // TestSameFieldsConversions proves the claim convertSameFields rests on:
-// each such resource's served type has exactly its stored type's fields.
+// each such resource's served type has exactly its stored type's fields,
+// but for the stored-only ones kube-apiserver's conversion drops (listed).
 func TestSameFieldsConversions(t *testing.T) {
 	c, err := NewCodec(nil)
 	if err != nil {
@@ -63,7 +65,10 @@ func TestSameFieldsConversions(t *testing.T) {
 		if err1 != nil || err2 != nil {
 			t.Fatalf("%s: %v %v", r.GroupVersionResource(), err1, err2)
 		}
-		a := fieldShape(reflect.TypeOf(stored).Elem(), map[reflect.Type]bool{})
+		dropped := map[string][]string{
+			"podcertificaterequests": {"PodCertificateRequestSpec.PKIXPublicKey", "PodCertificateRequestSpec.ProofOfPossession"},
+		}[r.Resource]
+		a := fieldShape(reflect.TypeOf(stored).Elem(), map[reflect.Type]bool{}, dropped...)
 		b := fieldShape(reflect.TypeOf(served).Elem(), map[reflect.Type]bool{})
 		if a != b {
 			t.Errorf("%s: %s and %s differ in their fields", r.GroupVersionResource(), r.StorageGVK(), r.ServedGVK())

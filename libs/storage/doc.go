@@ -32,8 +32,7 @@
 // kube-apiserver's internal types (Resource.Convert: events.k8s.io/v1
 // Events from core v1 ones, and versions whose Go types have the same
 // fields). Not done here (yet), and so not served from a cache built on it:
-// the other conversions (autoscaling/v1 HPAs, PodCertificateRequests: see
-// Resource.NeedsConversion); kube-apiserver's decode-time defaulting beyond
+// the other conversions (autoscaling/v1 HPAs: see Resource.NeedsConversion); kube-apiserver's decode-time defaulting beyond
 // what an object it wrote itself can lack (readAsKubeAPIServer); CRD schema
 // defaulting and pruning on read; KMS.
 //
