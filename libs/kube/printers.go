@@ -395,19 +395,8 @@ func serviceExternalIP(s *corev1.Service) string {
 		}
 		return "<none>"
 	case corev1.ServiceTypeLoadBalancer:
-		seen := map[string]bool{}
-		var ips []string
-		for _, in := range s.Status.LoadBalancer.Ingress {
-			v := in.IP
-			if v == "" {
-				v = in.Hostname
-			}
-			if v != "" && !seen[v] {
-				seen[v] = true
-				ips = append(ips, v)
-			}
-		}
-		sort.Strings(ips)
+		lbIngress := s.Status.LoadBalancer.Ingress
+		ips := loadBalancerAddresses(len(lbIngress), func(i int) (string, string) { return lbIngress[i].IP, lbIngress[i].Hostname })
 		lb := strings.Join(ips, ",")
 		if len(s.Spec.ExternalIPs) > 0 {
 			var out []string
@@ -424,6 +413,26 @@ func serviceExternalIP(s *corev1.Service) string {
 		return s.Spec.ExternalName
 	}
 	return "<unknown>"
+}
+
+// loadBalancerAddresses is kube-apiserver's loadBalancerStatusStringer (of
+// a Service's or an Ingress's status) before joining: each ingress point's
+// IP, else its hostname, once each, sorted. at returns point i's.
+func loadBalancerAddresses(n int, at func(i int) (ip, hostname string)) []string {
+	seen := map[string]bool{}
+	var out []string
+	for i := range n {
+		v, host := at(i)
+		if v == "" {
+			v = host
+		}
+		if v != "" && !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func formatEndpoints(e *corev1.Endpoints) string {
@@ -874,34 +883,22 @@ func hpaMetrics(specs []autoscalingv2.MetricSpec, statuses []autoscalingv2.Metri
 		current := "<unknown>"
 		switch spec.Type {
 		case autoscalingv2.ExternalMetricSourceType:
-			if spec.External.Target.AverageValue != nil {
-				if st != nil && st.External != nil && st.External.Current.AverageValue != nil {
-					current = st.External.Current.AverageValue.String()
-				}
-				list = append(list, fmt.Sprintf("%s/%s (avg)", current, spec.External.Target.AverageValue.String()))
-			} else {
-				if st != nil && st.External != nil {
-					current = st.External.Current.Value.String()
-				}
-				list = append(list, fmt.Sprintf("%s/%s", current, spec.External.Target.Value.String()))
+			var cur *autoscalingv2.MetricValueStatus
+			if st != nil && st.External != nil {
+				cur = &st.External.Current
 			}
+			list = append(list, valueMetric(spec.External.Target, cur))
 		case autoscalingv2.PodsMetricSourceType:
 			if st != nil && st.Pods != nil {
 				current = st.Pods.Current.AverageValue.String()
 			}
 			list = append(list, fmt.Sprintf("%s/%s", current, spec.Pods.Target.AverageValue.String()))
 		case autoscalingv2.ObjectMetricSourceType:
-			if spec.Object.Target.AverageValue != nil {
-				if st != nil && st.Object != nil && st.Object.Current.AverageValue != nil {
-					current = st.Object.Current.AverageValue.String()
-				}
-				list = append(list, fmt.Sprintf("%s/%s (avg)", current, spec.Object.Target.AverageValue.String()))
-			} else {
-				if st != nil && st.Object != nil {
-					current = st.Object.Current.Value.String()
-				}
-				list = append(list, fmt.Sprintf("%s/%s", current, spec.Object.Target.Value.String()))
+			var cur *autoscalingv2.MetricValueStatus
+			if st != nil && st.Object != nil {
+				cur = &st.Object.Current
 			}
+			list = append(list, valueMetric(spec.Object.Target, cur))
 		case autoscalingv2.ResourceMetricSourceType:
 			list = append(list, resourceMetric(spec.Resource.Name, spec.Resource.Target, resourceCurrent(st, false)))
 		case autoscalingv2.ContainerResourceMetricSourceType:
@@ -915,6 +912,22 @@ func hpaMetrics(specs []autoscalingv2.MetricSpec, statuses []autoscalingv2.Metri
 		return fmt.Sprintf("%s + %d more...", strings.Join(list[:max], ", "), len(list)-max)
 	}
 	return strings.Join(list, ", ")
+}
+
+// valueMetric is an External or Object metric's "current/target" (with
+// " (avg)" for an average value target).
+func valueMetric(target autoscalingv2.MetricTarget, cur *autoscalingv2.MetricValueStatus) string {
+	current := "<unknown>"
+	if target.AverageValue != nil {
+		if cur != nil && cur.AverageValue != nil {
+			current = cur.AverageValue.String()
+		}
+		return fmt.Sprintf("%s/%s (avg)", current, target.AverageValue.String())
+	}
+	if cur != nil {
+		current = cur.Value.String()
+	}
+	return fmt.Sprintf("%s/%s", current, target.Value.String())
 }
 
 func resourceCurrent(st *autoscalingv2.MetricStatus, container bool) *autoscalingv2.MetricValueStatus {
@@ -987,19 +1000,8 @@ func addOtherPrinters() {
 		case more:
 			hostStr = fmt.Sprintf("%s + %d more...", hostStr, len(o.Spec.Rules)-max)
 		}
-		seen := map[string]bool{}
-		var addrs []string
-		for _, in := range o.Status.LoadBalancer.Ingress {
-			v := in.IP
-			if v == "" {
-				v = in.Hostname
-			}
-			if v != "" && !seen[v] {
-				seen[v] = true
-				addrs = append(addrs, v)
-			}
-		}
-		sort.Strings(addrs)
+		lbIngress := o.Status.LoadBalancer.Ingress
+		addrs := loadBalancerAddresses(len(lbIngress), func(i int) (string, string) { return lbIngress[i].IP, lbIngress[i].Hostname })
 		ports := "80"
 		if len(o.Spec.TLS) != 0 {
 			ports = "80, 443"
