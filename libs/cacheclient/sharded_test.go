@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -495,4 +497,58 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 			t.Errorf("shard %d asked %+v, want the selectors and after 5", i, r)
 		}
 	}
+}
+
+// A replay asks the shards in order, each once the one before has answered
+// (a deep replay answers once it holds its slot): replays running side by
+// side then take the caches' bounded replay slots in one order, and none
+// can hold one shard's slot while queued for another's held by a replay
+// that waits for it.
+func TestReplayAsksShardsInOrder(t *testing.T) {
+	sp := cachetest.NewSplit(t)
+	var bAsked atomic.Bool
+	var askedBeforeA atomic.Bool
+	sp.A.OnWatch = scripted(func(req *heraldv1.WatchRequest) []*heraldv1.Event {
+		return []*heraldv1.Event{cachetest.Bookmark(req.AfterRevision), cachetest.Event(modified, 6, "x"), cachetest.Bookmark(9)}
+	})
+	sp.B.OnWatch = scripted(func(req *heraldv1.WatchRequest) []*heraldv1.Event {
+		bAsked.Store(true)
+		return []*heraldv1.Event{cachetest.Bookmark(req.AfterRevision), cachetest.Event(modified, 7, "z"), cachetest.Bookmark(9)}
+	})
+	clients := sp.Clients()
+	clients["a"] = onFirstRecv{CacheClient: sp.A, fn: func() { askedBeforeA.Store(bAsked.Load()) }}
+	c := New(sp.Reg, sp.Shards, clients)
+	st, err := c.Watch(t.Context(), &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvShape(t, st, "6", "7", "b9")
+	if askedBeforeA.Load() {
+		t.Error("shard b was asked before shard a had answered")
+	}
+}
+
+// onFirstRecv calls fn as its watch streams' first Recv starts.
+type onFirstRecv struct {
+	heraldv1.CacheClient
+	fn func()
+}
+
+func (c onFirstRecv) Watch(ctx context.Context, req *heraldv1.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[heraldv1.WatchResponse], error) {
+	st, err := c.CacheClient.Watch(ctx, req, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &firstRecvStream{ServerStreamingClient: st, fn: c.fn}, nil
+}
+
+type firstRecvStream struct {
+	grpc.ServerStreamingClient[heraldv1.WatchResponse]
+	fn   func()
+	once sync.Once
+}
+
+func (s *firstRecvStream) Recv() (*heraldv1.WatchResponse, error) {
+	s.once.Do(s.fn)
+	return s.ServerStreamingClient.Recv()
 }

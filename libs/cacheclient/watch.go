@@ -181,20 +181,53 @@ func (s *stream) state() func() (*heraldv1.WatchResponse, error) {
 // most about one response per shard however long the replay (a deep resume
 // may be the whole stream's history); the shards' selectors are the
 // request's, so events no watcher of it can see are not even sent.
+//
+// The shards are asked in order, each once the one before has answered:
+// a cache runs a bounded number of deep replays at once (queued), and a
+// replay that held one shard's slot while it waited for another's, when
+// another replay held that one and waited for the first, would wait
+// forever. Taken in one order, the slots cannot form such a cycle; and a
+// replay waiting for a shard holds no stream open on the shards after it.
 func (s *stream) replay(after int64) func() (*heraldv1.WatchResponse, error) {
 	var shards []grpc.ServerStreamingClient[heraldv1.WatchResponse]
 	m := newMerge(len(s.clients))
 	ended := make([]bool, len(s.clients))
+	// read adds the next response of shard i to the merge.
+	read := func(i int) error {
+		resp, err := shards[i].Recv()
+		if errors.Is(err, io.EOF) {
+			ended[i] = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var through int64
+		var evs []*heraldv1.Event
+		for _, ev := range resp.Events {
+			through = max(through, ev.Revision)
+			if ev.Type != heraldv1.EventType_BOOKMARK {
+				evs = append(evs, ev)
+			}
+		}
+		m.add(i, evs, through)
+		return nil
+	}
 	return func() (*heraldv1.WatchResponse, error) {
 		if shards == nil {
 			req := &heraldv1.WatchRequest{Resource: s.req.Resource, Namespace: s.req.Namespace, AfterRevision: after,
 				LabelSelector: s.req.LabelSelector, FieldSelector: s.req.FieldSelector}
-			for _, c := range s.clients {
+			for i, c := range s.clients {
 				st, err := c.Watch(s.ctx, req, s.opts...)
 				if err != nil {
 					return nil, err
 				}
 				shards = append(shards, st)
+				if i < len(s.clients)-1 {
+					if err := read(i); err != nil {
+						return nil, err
+					}
+				}
 			}
 		}
 		var out []*heraldv1.Event
@@ -213,23 +246,9 @@ func (s *stream) replay(after int64) func() (*heraldv1.WatchResponse, error) {
 				s.next = s.eof
 				return &heraldv1.WatchResponse{Events: append(out, bookmark(m.safe()))}, nil
 			}
-			resp, err := shards[behind].Recv()
-			if errors.Is(err, io.EOF) {
-				ended[behind] = true
-				continue
-			}
-			if err != nil {
+			if err := read(behind); err != nil {
 				return nil, err
 			}
-			var through int64
-			var evs []*heraldv1.Event
-			for _, ev := range resp.Events {
-				through = max(through, ev.Revision)
-				if ev.Type != heraldv1.EventType_BOOKMARK {
-					evs = append(evs, ev)
-				}
-			}
-			m.add(behind, evs, through)
 		}
 	}
 }

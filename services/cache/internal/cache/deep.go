@@ -30,8 +30,11 @@ import (
 // of each object met on the way is kept. At most --deep-replay.concurrency
 // replays run at once, each with one stream consumer that it deletes when it
 // ends; the others wait for a slot. The replay stops as soon as ctx ends
-// (its client went away).
-func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
+// (its client went away). started is called once the replay holds its slot:
+// the caller sends what it has, so that a client merging several shards
+// (libs/cacheclient) learns that this one is running before it asks the
+// next, and never holds one shard's slot while queued for another's.
+func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, started func() error, send func(*heraldv1.Event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
@@ -44,6 +47,9 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 		return status.FromContextError(err).Err()
 	}
 	defer release()
+	if err := started(); err != nil {
+		return err
+	}
 	s.m.deepReplays.Inc()
 	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {

@@ -289,7 +289,7 @@ func (v *Server) watchStart(ctx context.Context, req *heraldv1.WatchRequest, rs 
 			}
 			bookmarked = true
 		}
-		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, old.start, w.addFiltered); err != nil {
+		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, old.start, w.flush, w.addFiltered); err != nil {
 			return watchStart{}, false, err
 		}
 		after = old.start
