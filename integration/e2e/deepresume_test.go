@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +31,23 @@ import (
 // events back (1,600: 40 windows; `make test` runs it). Issue 17 asks for
 // 50,000 events back; that run writes 50,000 revisions and delivers 200 x
 // 50,000 events (7.5 GB of JSON) through one fanout and the test's own
-// decoder, minutes on a 2-core machine, so it is an explicit variant:
-// HERALD_DEEP_EVENTS=50000.
+// decoder: about 2,200 CPU seconds (35 minutes on a shared 2-core machine
+// on 2026-11-23, peak heap in use 94 MiB), more than `make test` or
+// `make e2e` can hold, so it is an explicit variant: HERALD_DEEP_EVENTS=50000.
 const (
 	deepNS   = 16 // namespaces, spread over both pod shards
 	deepPods = 20 // per namespace
 	// deepHeapBound is the most heap fanout or a cache may have in use
 	// during the replays. Holding every replayed event, as a replay that
-	// collects before it writes does, takes about 500 MiB here.
+	// collects before it writes does, takes about 500 MiB here. What a
+	// bounded replay costs (docs/operations.md, "Memory of deep resumes")
+	// does not depend on the events replayed nor on the watchers waiting:
+	// fanout holds per running replay (16) about 1.5 MiB (2 shards x (its
+	// 256 KiB stream window + a decoded 128 KiB response) + a released
+	// batch), plus ~20 MiB fixed and ~20 KiB per watcher (200); a cache per
+	// running replay (4) 1-2 MiB, plus its windows and 16 MiB of shared
+	// decoded history. Go's heap in use reaches about twice the live heap
+	// (GOGC=100): ~96 MiB for fanout, ~108 MiB for a cache, within this.
 	deepHeapBound = 192 << 20
 	// deepHeapAfter is the most live heap either may keep once every
 	// watcher has gone (after forced GCs).
@@ -125,7 +135,7 @@ func TestDeepResumeIsBounded(t *testing.T) {
 		}
 		wg.Wait()
 		peak := stop()
-		t.Logf("%d watchers replayed %d events each in %v; peak heap in use %v MiB", deepWatchers, len(want), time.Since(start).Round(time.Millisecond), peak)
+		t.Logf("%d watchers replayed %d events each in %v; peak heap in use: %s", deepWatchers, len(want), time.Since(start).Round(time.Millisecond), peak)
 		if t.Failed() {
 			return
 		}
@@ -151,7 +161,7 @@ func TestDeepResumeIsBounded(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		t.Logf("peak heap in use %v MiB", stop())
+		t.Logf("peak heap in use: %s", stop())
 		if n := events.Load(); n > 0 {
 			t.Fatalf("watchers with a selector matching nothing got %d events", n)
 		}
@@ -256,25 +266,26 @@ func readWatch(t *testing.T, ctx context.Context, c *http.Client, token, url str
 }
 
 // watchHeap samples the heap in use of procs until the returned function is
-// called, which returns the peak (MiB). Past bound it fails the test and
-// calls abort (so that a replay that is not bounded is stopped before it
+// called, which returns each one's peak (MiB). Past bound it fails the test
+// and calls abort (so that a replay that is not bounded is stopped before it
 // takes the machine's memory).
-func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, bound float64) func() float64 {
+func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, bound float64) func() string {
 	done := make(chan struct{})
-	var peak float64
+	peak := make([]float64, len(procs))
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			for _, p := range procs {
+			for i, p := range procs {
 				h, ok := heapInUse(p)
 				if !ok {
 					continue // the stack is stopping
 				}
-				peak = max(peak, h)
+				peak[i] = max(peak[i], h)
 				if h > bound {
-					t.Errorf("%s: %.0f MiB of heap in use during the replays (bound %.0f MiB)", p.Name, h/(1<<20), bound/(1<<20))
+					t.Errorf("%s: %.0f MiB of heap in use during the replays (bound %.0f MiB); what it held at its last GC:\n%s",
+						p.Name, h/(1<<20), bound/(1<<20), heapTop(p))
 					abort()
 					return
 				}
@@ -288,10 +299,14 @@ func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.P
 			}
 		}
 	})
-	return func() float64 {
+	return func() string {
 		close(done)
 		wg.Wait()
-		return peak / (1 << 20)
+		var out []string
+		for i, p := range procs {
+			out = append(out, fmt.Sprintf("%s %.0f MiB", p.Name, peak[i]/(1<<20)))
+		}
+		return strings.Join(out, ", ")
 	}
 }
 
@@ -311,4 +326,31 @@ func heapInUse(p *stack.Proc) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// heapTop is `go tool pprof -top` of p's heap profile (in use), or why it
+// could not be had.
+func heapTop(p *stack.Proc) string {
+	resp, err := http.Get("http://" + p.Admin + "/debug/pprof/heap")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	f, err := os.CreateTemp("", "heap-*.pb.gz")
+	if err != nil {
+		return err.Error()
+	}
+	defer os.Remove(f.Name())
+	_, err = io.Copy(f, resp.Body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err.Error()
+	}
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=20", "-sample_index=inuse_space", f.Name()).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%v: %s", err, out)
+	}
+	return string(out)
 }

@@ -338,9 +338,15 @@ func (v *Server) follow(ctx context.Context, sub *subscriber, w *watchSender, la
 	}
 }
 
-// watchBatch is the most events a response holds, but for a revision's
-// events, which are never split.
-const watchBatch = 256
+// watchBatch and watchBatchBytes bound a response: at most that many
+// events, and it is sent once its objects reach that many bytes; but a
+// revision's events are never split. The bytes bound what a reader holds
+// per stream however large the objects (a fanout catch-up over two shards
+// holds about a response of each, decoded).
+const (
+	watchBatch      = 256
+	watchBatchBytes = 128 << 10
+)
 
 // watchSender batches one watch's events into responses. A response never
 // splits a revision (herald.proto's contract), except inside the initial
@@ -350,17 +356,19 @@ type watchSender struct {
 	stream  heraldv1.Cache_WatchServer
 	sel     *kube.Selector // the request's namespace and selectors
 	events  []*heraldv1.Event
+	bytes   int // of the events' objects
 	inState bool
 }
 
 // add appends ev to the response being built, sending it first when full.
 func (w *watchSender) add(ev *heraldv1.Event) error {
-	if n := len(w.events); n >= watchBatch && (w.inState || w.events[n-1].Revision != ev.Revision) {
+	if n := len(w.events); (n >= watchBatch || w.bytes >= watchBatchBytes) && (w.inState || w.events[n-1].Revision != ev.Revision) {
 		if err := w.flush(); err != nil {
 			return err
 		}
 	}
 	w.events = append(w.events, ev)
+	w.bytes += len(ev.Object) + len(ev.PrevObject)
 	return nil
 }
 
@@ -393,7 +401,7 @@ func (w *watchSender) flush() error {
 		return nil
 	}
 	err := w.stream.Send(&heraldv1.WatchResponse{Events: w.events})
-	w.events = nil
+	w.events, w.bytes = nil, 0
 	return err
 }
 

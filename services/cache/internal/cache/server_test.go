@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,6 +129,38 @@ func TestWatchBatchesWholeRevisions(t *testing.T) {
 	}
 	if len(resps) != 2 || len(resps[0]) != 2+watchBatch+10 || len(resps[1]) != 2 {
 		t.Fatalf("responses of %d events, want [bookmark, 11, 12...] and [13, bookmark]", lens(resps))
+	}
+}
+
+// A response is sent once its objects reach watchBatchBytes, however few
+// its events, but a revision is still never split: what a reader holds per
+// stream is bounded by bytes, not only by events.
+func TestWatchBatchesBoundedByBytes(t *testing.T) {
+	st := &watchStream{ctx: t.Context(), sent: make(chan *heraldv1.WatchResponse, 100)}
+	w := &watchSender{stream: st}
+	obj := make([]byte, 50<<10)
+	add := func(rev int64, n int) {
+		for range n {
+			if err := w.add(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: obj, PrevObject: obj[:10<<10]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add(1, 1) // 60 KiB
+	add(2, 1) // 120 KiB
+	add(3, 1) // 180 KiB: past the bound, sent before the next revision
+	add(4, 5) // one revision of 300 KiB: whole
+	add(5, 1)
+	if err := w.flush(); err != nil {
+		t.Fatal(err)
+	}
+	close(st.sent)
+	var got []string
+	for r := range st.sent {
+		got = append(got, strings.Join(revs(r.Events), ","))
+	}
+	if want := []string{"1:,2:,3:", "4:,4:,4:,4:,4:", "5:"}; !slices.Equal(got, want) {
+		t.Errorf("responses %q, want %q", got, want)
 	}
 }
 

@@ -3,6 +3,7 @@ package fanout
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"time"
 
 	"herald.dev/libs/cacheclient"
@@ -30,6 +31,9 @@ type Config struct {
 	MergeBytes       int64
 	GzipInitial      bool
 	Replays          int
+	// CacheStreamWindow is the flow-control window of each stream from
+	// the caches: the most a stream that is not being read holds.
+	CacheStreamWindow int
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -53,6 +57,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MergeEvents, "upstream.merge-max-events", def.Events, "Events of a split resource held back while one cache shard lags behind the others; past it (or upstream.merge-max-bytes) the resource's watchers are closed to resume.")
 	fs.Int64Var(&c.MergeBytes, "upstream.merge-max-bytes", def.Bytes, "Bytes of objects held back while one cache shard lags behind the others (see upstream.merge-max-events).")
 	fs.IntVar(&c.Replays, "replay.concurrency", 16, "Watches caught up from the caches (resumes older than the ring) at once; more wait their turn.")
+	fs.IntVar(&c.CacheStreamWindow, "cache.stream-window-bytes", 256<<10, "Flow-control window of each stream from the caches (at least 64 KiB): the most bytes a cache may send ahead of what fanout has read on one stream. A catch-up over a split resource reads one shard while the others wait, so each running catch-up may hold about this much per other shard.")
 	fs.DurationVar(&c.UpstreamWait, "upstream-wait", 5*time.Second, "How long a new watch waits for the resource's upstream stream before 503.")
 }
 
@@ -66,8 +71,19 @@ func (c *Config) Validate() error {
 	if c.RingSize < 1 || c.RingBytes < 1 || c.QueueEvents < 1 || c.QueueBytes < 1 || c.MaxWatchers < 1 || c.MergeEvents < 1 || c.MergeBytes < 1 || c.Replays < 1 {
 		errs = append(errs, errors.New("ring-size, ring-bytes, watcher.queue-events, watcher.queue-bytes, max-watchers, upstream.merge-max-* and replay.concurrency must be positive"))
 	}
+	if c.CacheStreamWindow < minStreamWindow || c.CacheStreamWindow > maxStreamWindow {
+		errs = append(errs, fmt.Errorf("cache.stream-window-bytes must be between %d and %d", minStreamWindow, maxStreamWindow))
+	}
 	if c.BookmarkInterval <= 0 || c.MinTimeout <= 0 || c.MaxTimeout < c.MinTimeout {
 		errs = append(errs, errors.New("bookmark-interval and watch timeouts must be positive, min <= max"))
 	}
 	return errors.Join(errs...)
 }
+
+// Bounds of cache.stream-window-bytes: gRPC ignores a window below 64 KiB,
+// and one above 16 MiB buys no throughput (it is the most a connection
+// carries unread).
+const (
+	minStreamWindow = 64 << 10
+	maxStreamWindow = 16 << 20
+)

@@ -22,3 +22,21 @@ func TestRefusesTLSWithoutClientCA(t *testing.T) {
 		}
 	}
 }
+
+// The cache streams' window must be one gRPC uses (at least 64 KiB) and no
+// larger than a connection's: a larger one only lets a waiting catch-up hold
+// more.
+func TestCacheStreamWindowBounds(t *testing.T) {
+	for arg, ok := range map[string]bool{
+		"":                                     true,
+		"--cache.stream-window-bytes=65536":    true,
+		"--cache.stream-window-bytes=16777216": true,
+		"--cache.stream-window-bytes=65535":    false,
+		"--cache.stream-window-bytes=16777217": false,
+	} {
+		_, err := service.Configure("fanout", &Config{}, strings.Fields(arg))
+		if (err == nil) != ok || err != nil && !strings.Contains(err.Error(), "cache.stream-window-bytes") {
+			t.Errorf("%q: got %v, want ok=%v", arg, err, ok)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
 )
@@ -42,7 +44,11 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http.tls: %w", err)
 	}
-	conns := service.NewCacheConns(creds, maxCacheMessage, p.Telemetry.GRPCDialOptions()...)
+	// Every catch-up holds a stream per cache shard, and reads one while
+	// the others wait (the merge, libs/cacheclient): what a waiting stream
+	// holds is its window, so fanout's are smaller than Herald's default.
+	dialOpts := append(p.Telemetry.GRPCDialOptions(), grpc.WithStaticStreamWindowSize(int32(cfg.CacheStreamWindow)))
+	conns := service.NewCacheConns(creds, maxCacheMessage, dialOpts...)
 	dial := func(target string) (heraldv1.CacheClient, error) {
 		conn, err := conns.Dial(target)
 		if err != nil {
