@@ -111,6 +111,10 @@ func builtin() []*Resource {
 		"metadata.namespace":        "metadata.namespace",
 		"metadata.name":             "metadata.name",
 	}
+	crds := mk("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", cluster,
+		short("crd", "crds"), ext, key("apiextensions.k8s.io/customresourcedefinitions"),
+		stored("apiextensions.k8s.io", "v1beta1", "CustomResourceDefinition"))
+	crds.Convert = convertCRD
 	pods := mk("v1", "pods", "Pod", ns, short("po"), all,
 		fl("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
 			"spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
@@ -147,12 +151,9 @@ func builtin() []*Resource {
 		// Served by kube-apiserver's apiextensions and aggregator servers;
 		// their storage keys carry the group.
 		// CRDs are still stored as v1beta1 (kube-apiserver's
-		// pkg/controlplane/apiserver/apiextensions.go), so they need a
-		// conversion and are not served from the cache (cluster mode
-		// forwards their reads to kube-apiserver).
-		mk("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", cluster,
-			short("crd", "crds"), ext, key("apiextensions.k8s.io/customresourcedefinitions"),
-			stored("apiextensions.k8s.io", "v1beta1", "CustomResourceDefinition")),
+		// pkg/controlplane/apiserver/apiextensions.go) and converted to v1
+		// on read, as kube-apiserver converts them (convert.go).
+		crds,
 		mk("apiregistration.k8s.io/v1", "apiservices", "APIService", cluster, ext,
 			key("apiregistration.k8s.io/apiservices")),
 

@@ -3,17 +3,22 @@ package storage
 import (
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsinstall "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/install"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Conversions from a storage version to a served one that need no
-// internal type: the two versions carry the same fields under other names,
-// so the mapping kube-apiserver's conversion through its internal version
-// makes is written out here (and proven against kube-apiserver by
-// integration/kubeapi).
+// internal type of k8s.io/kubernetes: the two versions carry the same fields
+// under other names, so the mapping kube-apiserver's conversion through its
+// internal version makes is written out here (and proven against
+// kube-apiserver by integration/kubeapi); or, for CustomResourceDefinitions,
+// the internal type is apiextensions-apiserver's and its own conversion runs.
 
 // EventsV1FromCore is a core v1 Event (what kube-apiserver stores for both
 // APIs) as events.k8s.io/v1 serves it: pkg/apis/events/v1/conversion.go maps
@@ -77,3 +82,33 @@ func convertSameFields(served func() runtime.Object) func(runtime.Object) (runti
 		return out, nil
 	}
 }
+
+// convertCRD is the apiextensions.k8s.io/v1 CustomResourceDefinitions'
+// Convert: kube-apiserver stores CRDs as v1beta1 and reads them as its
+// storage codec does, defaulting the v1beta1 object, converting it to the
+// internal type and from there to v1 with apiextensions-apiserver's own
+// generated functions (its internal types, unlike the built-in kinds',
+// live outside k8s.io/kubernetes). obj is not modified.
+func convertCRD(obj runtime.Object) (runtime.Object, error) {
+	s := apiextensionsScheme()
+	in := obj.DeepCopyObject()
+	s.Default(in)
+	internal, err := s.ConvertToVersion(in, apiextensions.SchemeGroupVersion)
+	if err != nil {
+		return nil, fmt.Errorf("CustomResourceDefinition to its internal version: %w", err)
+	}
+	out, err := s.ConvertToVersion(internal, apiextensionsv1.SchemeGroupVersion)
+	if err != nil {
+		return nil, fmt.Errorf("CustomResourceDefinition to v1: %w", err)
+	}
+	return out, nil
+}
+
+// apiextensionsScheme holds apiextensions.k8s.io's internal and versioned
+// types with their defaulting and conversion functions. Built once, never
+// changed after: a runtime.Scheme is safe for concurrent reads.
+var apiextensionsScheme = sync.OnceValue(func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	apiextensionsinstall.Install(s)
+	return s
+})

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,11 +105,30 @@ func samples() []sample {
 				Versions: []apiextensionsv1beta1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
 					Schema:           &apiextensionsv1beta1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1beta1.JSONSchemaProps{Type: "object"}},
 					SelectableFields: []apiextensionsv1beta1.SelectableField{{JSONPath: ".spec.color"}}}}}}},
+
 		{gvr("apiregistration.k8s.io", "v1", "apiservices"), &apiregistrationv1.APIService{
 			ObjectMeta: metav1.ObjectMeta{Name: "v1.example.com", Labels: map[string]string{"k": "v"}},
 			Spec:       apiregistrationv1.APIServiceSpec{Group: "example.com", Version: "v1", GroupPriorityMinimum: 1000, VersionPriority: 15}}},
 		{gvr("discovery.k8s.io", "v1", "endpointslices"), &discoveryv1.EndpointSlice{ObjectMeta: meta, AddressType: discoveryv1.AddressTypeIPv4,
 			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}}}},
+	}
+}
+
+// convertedSamples are the samples of resources whose served version
+// differs from their storage version, as kube-apiserver serves them.
+func convertedSamples() map[schema.GroupVersionResource]runtime.Object {
+	return map[schema.GroupVersionResource]runtime.Object{
+		// v1beta1's defaults applied on read, then converted to v1.
+		gvr("apiextensions.k8s.io", "v1", "customresourcedefinitions"): &apiextensionsv1.CustomResourceDefinition{
+			ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.com", Labels: map[string]string{"k": "v"}},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{Group: "example.com", Scope: apiextensionsv1.NamespaceScoped,
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+					Schema:           &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object"}},
+					SelectableFields: []apiextensionsv1.SelectableField{{JSONPath: ".spec.color"}}}},
+				Conversion:            &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter},
+				PreserveUnknownFields: true},
+			Status: apiextensionsv1.CustomResourceDefinitionStatus{StoredVersions: []string{"v1"}}},
 	}
 }
 
@@ -128,7 +148,11 @@ func TestDecodeProtobufRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantJSON, wantProto := served(t, c, s.obj, res.StorageGVK(), 42)
+			want, wantGVK := s.obj, res.StorageGVK()
+			if o, ok := convertedSamples()[s.gvr]; ok {
+				want, wantGVK = o, res.ServedGVK()
+			}
+			wantJSON, wantProto := served(t, c, want, wantGVK, 42)
 			gotJSON, err := got.JSON()
 			if err != nil {
 				t.Fatal(err)

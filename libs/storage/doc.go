@@ -30,8 +30,9 @@
 //
 // Conversions to another served version are done where they need none of
 // kube-apiserver's internal types (Resource.Convert: events.k8s.io/v1
-// Events from core v1 ones, and versions whose Go types have the same
-// fields). Not done here (yet), and so not served from a cache built on it:
+// Events from core v1 ones, versions whose Go types have the same fields,
+// and v1 CustomResourceDefinitions from the stored v1beta1 ones through
+// apiextensions-apiserver's own internal type). Not done here (yet), and so not served from a cache built on it:
 // the other conversions (autoscaling/v1 HPAs: see Resource.NeedsConversion); kube-apiserver's decode-time defaulting beyond
 // what an object it wrote itself can lack (readAsKubeAPIServer); CRD schema
 // defaulting and pruning on read; KMS.
