@@ -29,6 +29,7 @@ const (
 	ReasonKeyMismatch         = "key_mismatch"         // metadata.name/namespace differ from the key's
 	ReasonEmpty               = "empty"                // a PUT without a value
 	ReasonEncode              = "encode"               // decoded, but not encodable as JSON
+	ReasonInvalidCRD          = "invalid_crd"          // a CRD Herald cannot serve anything of (crd.go)
 )
 
 // DecodeError is a stored value that was skipped. Reason is one of the
@@ -120,6 +121,16 @@ func (d *Decoder) Decode(ctx context.Context, r *Resource, key, namespace, name 
 			}
 		}
 		return fail(ReasonCorrupt, err)
+	}
+	if gvk := so.GroupVersionKind(); r.custom != nil && gvk.Version != r.Version {
+		// Stored in another version of the kind: with the None conversion
+		// strategy kube-apiserver only rewrites the apiVersion; with a
+		// webhook, only the webhook could convert it.
+		if !r.custom.rewriteVersion {
+			return fail(ReasonWrongKind, fmt.Errorf("%s %q at revision %d: stored as %s, served as %s through a conversion webhook",
+				r.ID(), key, rev, gvk.Version, r.Version))
+		}
+		so.Runtime().GetObjectKind().SetGroupVersionKind(gvk.GroupKind().WithVersion(r.Version))
 	}
 	if so.Name != name || (r.Namespaced && so.Namespace != namespace) {
 		return fail(ReasonKeyMismatch, fmt.Errorf("%s %q at revision %d: metadata names %q/%q, the key %q/%q",

@@ -30,8 +30,10 @@ func TestParseKey(t *testing.T) {
 		{"/registry/services/specs/default/web", "services", "default", "web", true},
 		{"/registry/services/endpoints/default/web", "endpoints", "default", "web", true},
 		{"/registry/apiregistration.k8s.io/apiservices/v1.example.com", "apiservices.apiregistration.k8s.io", "", "v1.example.com", true},
-		// Stored as v1beta1, served as v1: not cached (no conversion).
-		{"/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", "", "", "", false},
+		// Stored as v1beta1, served as v1 (converted).
+		{"/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com", "customresourcedefinitions.apiextensions.k8s.io", "", "widgets.example.com", true},
+		// Stored as autoscaling/v2, served as v1 too: only v2 is cached.
+		{"/registry/horizontalpodautoscalers/default/web", "horizontalpodautoscalers.autoscaling", "default", "web", true},
 		{"/registry/nodes/node-7", "", "", "", false},
 		{"/registry/services/default/web", "", "", "", false},
 		{"/registry/deployments/kube-system/dns", "deployments.apps", "kube-system", "dns", true},

@@ -2,11 +2,16 @@ package kube
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -70,6 +75,9 @@ type Resource struct {
 	// registry computes for the stored kind (read from the decoded
 	// object); the others are read from the JSON.
 	computed []bool
+	// custom: what a custom resource learned from a CRD carries besides
+	// (crd.go); nil for the others.
+	custom *customInfo
 }
 
 // ID names the resource inside Herald: "pods", "deployments.apps".
@@ -115,13 +123,34 @@ func Partition(namespace string) int {
 	return int(h.Sum32() % Partitions)
 }
 
-// Registry is the set of served resources. It is immutable once built.
+// Registry is the set of served resources: the static ones it is built
+// with, fixed for its life, and the custom resources learned from CRDs
+// (SetCRD, RemoveCRD, ReplaceCRDs), which change while it serves. Readers
+// see the custom resources as an immutable set swapped atomically: a
+// lookup never blocks, and a *Resource it returned stays valid (never
+// modified) after its CRD changes. Safe for concurrent use.
 type Registry struct {
 	prefix string
 	list   []*Resource
 	byID   map[string]*Resource
 	byGVR  map[string]*Resource // "group/version/plural"
 	byKey  []*Resource          // sorted by key prefix, longest first
+
+	builtins *storage.Table
+	mu       sync.Mutex // serializes the writers of custom
+	custom   atomic.Pointer[customSet]
+}
+
+// customSet is one generation of the custom resources. Never modified once
+// published.
+type customSet struct {
+	gen     uint64
+	changed chan struct{}          // closed when the next generation is published
+	byCRD   map[string][]*Resource // CRD name -> its resources
+	byID    map[string]*Resource
+	byGVR   map[string]*Resource // "group/version/plural"
+	byKey   map[string]*Resource // "<group>/<plural>"
+	list    []*Resource          // by ID
 }
 
 // NewRegistry validates resources and builds a registry rooted at prefix. A
@@ -140,7 +169,8 @@ func NewRegistry(prefix string, resources []Resource) (*Registry, error) {
 		return nil, fmt.Errorf("registry prefix %q must start with /", prefix)
 	}
 	builtins := storage.NewBuiltinTable()
-	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}}
+	reg := &Registry{prefix: prefix, byID: map[string]*Resource{}, byGVR: map[string]*Resource{}, builtins: builtins}
+	reg.custom.Store(&customSet{changed: make(chan struct{})})
 	for i := range resources {
 		r := resources[i]
 		if r.Version == "" || r.Kind == "" || r.Plural == "" {
@@ -208,18 +238,42 @@ func LoadRegistry(path, prefix string) (*Registry, error) {
 // Prefix is the registry's etcd prefix without a trailing slash.
 func (g *Registry) Prefix() string { return g.prefix }
 
-// Resources lists the resources in registration order.
-func (g *Registry) Resources() []*Resource { return g.list }
+// Resources lists the static resources in registration order, then the
+// custom resources by ID.
+func (g *Registry) Resources() []*Resource {
+	c := g.custom.Load()
+	if len(c.list) == 0 {
+		return g.list
+	}
+	return append(append(make([]*Resource, 0, len(g.list)+len(c.list)), g.list...), c.list...)
+}
+
+// StaticResources lists the resources the registry was built with, in
+// registration order.
+func (g *Registry) StaticResources() []*Resource { return g.list }
+
+// CustomResources lists the custom resources learned from CRDs, by ID.
+func (g *Registry) CustomResources() []*Resource { return g.custom.Load().list }
+
+// Generation changes whenever the custom resources change.
+func (g *Registry) Generation() uint64 { return g.custom.Load().gen }
 
 // ByID finds a resource by its ID.
 func (g *Registry) ByID(id string) (*Resource, bool) {
-	r, ok := g.byID[id]
+	if r, ok := g.byID[id]; ok {
+		return r, true
+	}
+	r, ok := g.custom.Load().byID[id]
 	return r, ok
 }
 
 // Lookup finds a resource by group, version and plural.
 func (g *Registry) Lookup(group, version, plural string) (*Resource, bool) {
-	r, ok := g.byGVR[group+"/"+version+"/"+plural]
+	gvr := group + "/" + version + "/" + plural
+	if r, ok := g.byGVR[gvr]; ok {
+		return r, true
+	}
+	r, ok := g.custom.Load().byGVR[gvr]
 	return r, ok
 }
 
@@ -244,26 +298,218 @@ func (r *Resource) StreamResource() *Resource {
 // ParseKey finds the resource owning an etcd key and the object's namespace
 // and name. ok is false for keys no resource owns or that are malformed for
 // their resource (a namespaced key without a namespace, extra segments).
+// Static resources' layouts are tried first, then custom resources'
+// (<prefix>/<group>/<plural>/...).
 func (g *Registry) ParseKey(key string) (r *Resource, namespace, name string, ok bool) {
 	for _, r := range g.byKey {
-		rest, found := strings.CutPrefix(key, r.keyPrefix)
-		if !found {
-			continue
+		if rest, found := strings.CutPrefix(key, r.keyPrefix); found {
+			return r.parseTail(rest)
 		}
-		if r.Namespaced {
-			ns, n, cut := strings.Cut(rest, "/")
-			if !cut || ns == "" || n == "" || strings.Contains(n, "/") {
-				return r, "", "", false
-			}
-			return r, ns, n, true
-		}
-		if rest == "" || strings.Contains(rest, "/") {
-			return r, "", "", false
-		}
-		return r, "", rest, true
+	}
+	c := g.custom.Load()
+	if len(c.byKey) == 0 {
+		return nil, "", "", false
+	}
+	rest, found := strings.CutPrefix(key, g.prefix+"/")
+	if !found {
+		return nil, "", "", false
+	}
+	group, rest, _ := strings.Cut(rest, "/")
+	plural, rest, found := strings.Cut(rest, "/")
+	if !found {
+		return nil, "", "", false
+	}
+	if r := c.byKey[group+"/"+plural]; r != nil {
+		return r.parseTail(rest)
 	}
 	return nil, "", "", false
 }
+
+// parseTail reads the object's namespace and name from what follows r's key
+// prefix in a key.
+func (r *Resource) parseTail(rest string) (*Resource, string, string, bool) {
+	if r.Namespaced {
+		ns, n, cut := strings.Cut(rest, "/")
+		if !cut || ns == "" || n == "" || strings.Contains(n, "/") {
+			return r, "", "", false
+		}
+		return r, ns, n, true
+	}
+	if rest == "" || strings.Contains(rest, "/") {
+		return r, "", "", false
+	}
+	return r, "", rest, true
+}
+
+// SetCRD sets the custom resources CRD name defines (none: as RemoveCRD).
+// A resource equal to the one already set keeps its *Resource. It refuses
+// (and changes nothing) resources that collide with a static resource or
+// another CRD's (same ID, group/version/plural or key prefix). It reports
+// whether anything changed.
+func (g *Registry) SetCRD(name string, rs []Resource) (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := g.custom.Load()
+	byCRD := maps.Clone(cur.byCRD)
+	if byCRD == nil {
+		byCRD = map[string][]*Resource{}
+	}
+	if len(rs) == 0 {
+		if _, ok := byCRD[name]; !ok {
+			return false, nil
+		}
+		delete(byCRD, name)
+		_ = g.publish(cur, byCRD) // removing never collides
+		return true, nil
+	}
+	next := make([]*Resource, 0, len(rs))
+	old := map[string]*Resource{}
+	for _, r := range cur.byCRD[name] {
+		old[r.ID()] = r
+	}
+	same := len(rs) == len(old)
+	for i := range rs {
+		r, err := g.customResource(name, rs[i])
+		if err != nil {
+			return false, err
+		}
+		if o := old[r.ID()]; o != nil && sameResource(o, r) {
+			r = o
+		} else {
+			same = false
+		}
+		next = append(next, r)
+	}
+	if same {
+		return false, nil
+	}
+	byCRD[name] = next
+	if err := g.publish(cur, byCRD); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// RemoveCRD stops serving the custom resources of CRD name; it reports
+// whether there were any.
+func (g *Registry) RemoveCRD(name string) bool {
+	changed, _ := g.SetCRD(name, nil)
+	return changed
+}
+
+// ReplaceCRDs sets every CRD's custom resources at once (after reading
+// all CRDs again). CRDs whose resources are refused are left out; their
+// errors are returned joined.
+func (g *Registry) ReplaceCRDs(crds map[string][]Resource) (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := g.custom.Load()
+	byCRD := map[string][]*Resource{}
+	var errs []error
+	changed := len(crds) != len(cur.byCRD)
+	for _, name := range slices.Sorted(maps.Keys(crds)) {
+		old := map[string]*Resource{}
+		for _, r := range cur.byCRD[name] {
+			old[r.ID()] = r
+		}
+		var next []*Resource
+		for _, rv := range crds[name] {
+			r, err := g.customResource(name, rv)
+			if err == nil {
+				err = checkCollisions(g, byCRD, name, r)
+			}
+			if err != nil {
+				errs = append(errs, err)
+				next = nil
+				break
+			}
+			if o := old[r.ID()]; o != nil && sameResource(o, r) {
+				r = o
+			}
+			next = append(next, r)
+		}
+		if len(next) == 0 {
+			continue
+		}
+		if !slices.Equal(next, cur.byCRD[name]) {
+			changed = true
+		}
+		byCRD[name] = next
+	}
+	if len(byCRD) != len(cur.byCRD) {
+		changed = true
+	}
+	if !changed {
+		return false, errors.Join(errs...)
+	}
+	// Collisions were checked while building byCRD: publish cannot fail.
+	_ = g.publish(cur, byCRD)
+	return true, errors.Join(errs...)
+}
+
+// customResource completes one custom resource of CRD crd.
+func (g *Registry) customResource(crd string, r Resource) (*Resource, error) {
+	if r.custom == nil {
+		return nil, fmt.Errorf("resource %s of CRD %s: not a custom resource", r.ID(), crd)
+	}
+	if r.Version == "" || r.Kind == "" || r.Plural == "" || r.Group == "" {
+		return nil, fmt.Errorf("resource %s of CRD %s: group, version, kind and plural are required", r.ID(), crd)
+	}
+	if err := r.complete(g.builtins); err != nil {
+		return nil, err
+	}
+	r.keyPrefix = g.prefix + "/" + r.Key + "/"
+	if _, static := g.byID[r.ID()]; static {
+		return nil, fmt.Errorf("CRD %s: resource %s is a built-in resource", crd, r.ID())
+	}
+	for _, s := range g.byKey {
+		if strings.HasPrefix(s.keyPrefix, r.keyPrefix) || strings.HasPrefix(r.keyPrefix, s.keyPrefix) {
+			return nil, fmt.Errorf("CRD %s: key prefix of %s overlaps %s's", crd, r.ID(), s.ID())
+		}
+	}
+	return &r, nil
+}
+
+// checkCollisions refuses r (of CRD crd) when another CRD in byCRD serves
+// the same resource.
+func checkCollisions(g *Registry, byCRD map[string][]*Resource, crd string, r *Resource) error {
+	for other, rs := range byCRD {
+		if other == crd {
+			continue
+		}
+		for _, o := range rs {
+			if o.ID() == r.ID() || o.Key == r.Key {
+				return fmt.Errorf("CRD %s: resource %s is CRD %s's", crd, r.ID(), other)
+			}
+		}
+	}
+	return nil
+}
+
+// publish makes byCRD the next generation of custom resources. Called with
+// g.mu held.
+func (g *Registry) publish(cur *customSet, byCRD map[string][]*Resource) error {
+	next := &customSet{gen: cur.gen + 1, changed: make(chan struct{}), byCRD: byCRD,
+		byID: map[string]*Resource{}, byGVR: map[string]*Resource{}, byKey: map[string]*Resource{}}
+	for _, name := range slices.Sorted(maps.Keys(byCRD)) {
+		for _, r := range byCRD[name] {
+			if err := checkCollisions(g, byCRD, name, r); err != nil {
+				return err
+			}
+			next.byID[r.ID()] = r
+			next.byGVR[r.Group+"/"+r.Version+"/"+r.Plural] = r
+			next.byKey[r.Key] = r
+			next.list = append(next.list, r)
+		}
+	}
+	sort.Slice(next.list, func(i, j int) bool { return next.list[i].ID() < next.list[j].ID() })
+	g.custom.Store(next)
+	close(cur.changed)
+	return nil
+}
+
+// Changed returns a channel closed when the custom resources next change.
+func (g *Registry) Changed() <-chan struct{} { return g.custom.Load().changed }
 
 // DefaultResources is the built-in registry: every resource of
 // libs/storage's built-in table (kube-apiserver's resources, key layouts,

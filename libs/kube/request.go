@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -101,6 +103,33 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 		info.Verb = VerbWatch
 	}
 	return info, nil
+}
+
+// AwaitRequest is ParseRequest for a hop serving a request another hop has
+// resolved (fanout, after frontdoor): each learns custom resources from the
+// CRDs on its own, so a path under a group with no built-in handler
+// (ErrNoRoute) may name a custom resource this registry is about to learn.
+// It waits for the registry to change, at most d, and parses again.
+func (g *Registry) AwaitRequest(ctx context.Context, d time.Duration, path string, query url.Values) (RequestInfo, error) {
+	changed := g.Changed()
+	info, err := g.ParseRequest(path, query)
+	if !errors.Is(err, ErrNoRoute) {
+		return info, err
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for errors.Is(err, ErrNoRoute) {
+		select {
+		case <-changed:
+		case <-timer.C:
+			return info, err
+		case <-ctx.Done():
+			return info, err
+		}
+		changed = g.Changed()
+		info, err = g.ParseRequest(path, query)
+	}
+	return info, err
 }
 
 func splitPath(path string) []string {

@@ -135,21 +135,17 @@ func (m *ShardMap) For(r *Resource, namespace string) Shard {
 }
 
 // All returns the shards that together serve every object of r, ordered by
-// target; a single shard when r is not split.
+// target; a single shard when r is not split. A custom resource is never
+// split: it is on the shard holding the CRDs (their partition, as CRDs are
+// cluster-scoped), which learns it from them.
 func (m *ShardMap) All(r *Resource) []Shard {
+	if r.Custom() {
+		return []Shard{{Target: m.target(CRDResourceID, Partition(""))}}
+	}
 	byTarget := map[string][]int{}
 	whole := ""
 	for p := range Partitions {
-		target := ""
-		for _, e := range m.entries {
-			if e.resource == r.ID() && (e.partitions == nil || e.partitions[p]) {
-				target = e.target
-				break
-			}
-		}
-		if target == "" {
-			target = m.wildcard()
-		}
+		target := m.target(r.ID(), p)
 		byTarget[target] = append(byTarget[target], p)
 		whole = target
 	}
@@ -162,6 +158,16 @@ func (m *ShardMap) All(r *Resource) []Shard {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Target < out[j].Target })
 	return out
+}
+
+// target is the target of partition p of resource id.
+func (m *ShardMap) target(id string, p int) string {
+	for _, e := range m.entries {
+		if e.resource == id && (e.partitions == nil || e.partitions[p]) {
+			return e.target
+		}
+	}
+	return m.wildcard()
 }
 
 // Targets lists every distinct target.

@@ -119,8 +119,16 @@ func Table(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bo
 }
 
 // TableWith is Table with the rows' objects as include says. A built-in
-// kind gets kube-apiserver's columns and cells for it (printers.go).
+// kind gets kube-apiserver's columns and cells for it (printers.go), a
+// custom resource its CRD's printer columns (table_custom.go).
 func TableWith(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject, now time.Time) []byte {
+	if r.custom != nil {
+		if b, err := customTable(r, items, listMeta, withColumns, include); err == nil {
+			return b
+		}
+		// Items the cache decoded always read back; should one not, the
+		// generic columns below still describe every item.
+	}
 	t := metav1.Table{
 		TypeMeta: metav1.TypeMeta{Kind: "Table", APIVersion: "meta.k8s.io/v1"},
 		ListMeta: listMeta,

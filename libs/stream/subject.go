@@ -17,7 +17,10 @@ const (
 	// partitions; every shard consumes it.
 	SubjectMulti = SubjectRoot + "._multi"
 	// SubjectOther carries changes to keys under the prefix that no
-	// registered resource owns. Nobody needs them but the history checker.
+	// static resource owns: custom resources (ingest does not learn CRDs,
+	// so their keys are no registered resource's there) and the rest. The
+	// cache shard that serves custom resources consumes it; nobody else
+	// needs it but the history checker.
 	SubjectOther = SubjectRoot + "._other"
 	// SubjectProgress carries progress and resync markers; every shard
 	// consumes it.
@@ -37,8 +40,12 @@ func Subjects() []string { return []string{SubjectRoot + ".>", SubjectProgress} 
 func token(r *kube.Resource) string { return strings.ReplaceAll(r.StreamResource().ID(), ".", "_") }
 
 // PartitionSubject is the subject of the revisions that change only objects
-// of r in namespace partition p.
+// of r in namespace partition p; SubjectOther for a custom resource (not
+// partitioned).
 func PartitionSubject(r *kube.Resource, p int) string {
+	if r.Custom() {
+		return SubjectOther
+	}
 	return SubjectRoot + "." + token(r) + "." + strconv.Itoa(p)
 }
 
@@ -47,8 +54,14 @@ func Subject(r *kube.Resource, namespace string) string {
 	return PartitionSubject(r, kube.Partition(namespace))
 }
 
-// Filter is the subject filter matching every partition of r.
-func Filter(r *kube.Resource) string { return SubjectRoot + "." + token(r) + ".*" }
+// Filter is the subject filter matching every partition of r; SubjectOther
+// for a custom resource.
+func Filter(r *kube.Resource) string {
+	if r.Custom() {
+		return SubjectOther
+	}
+	return SubjectRoot + "." + token(r) + ".*"
+}
 
 // SubjectOf is the subject of one revision's record: its resource and
 // partition's when every change is to one of them, SubjectOther when no
@@ -58,7 +71,7 @@ func SubjectOf(reg *kube.Registry, changes []*heraldv1.Change) string {
 	for _, c := range changes {
 		s := SubjectOther
 		if r, ns, _, ok := reg.ParseKey(c.Key); ok {
-			s = Subject(r, ns)
+			s = Subject(r, ns) // SubjectOther for a custom resource
 		}
 		switch subject {
 		case "", s:

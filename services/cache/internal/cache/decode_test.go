@@ -86,7 +86,7 @@ func TestApplyDecodesWhatKubeAPIServerStores(t *testing.T) {
 	}
 	for key, obj := range good {
 		r, _, _, _ := s.reg.ParseKey(key)
-		got := s.resources[r.ID()].get(key)
+		got := s.resourceStates()[r.ID()].get(key)
 		if got == nil {
 			t.Errorf("%s was not applied", key)
 			continue
@@ -97,7 +97,7 @@ func TestApplyDecodesWhatKubeAPIServerStores(t *testing.T) {
 	}
 	for _, b := range bad {
 		r, _, _, _ := s.reg.ParseKey(b.key)
-		if r == nil || s.resources[r.ID()].get(b.key) != nil {
+		if r == nil || s.resourceStates()[r.ID()].get(b.key) != nil {
 			t.Errorf("%s (%s) was applied", b.key, b.reason)
 		}
 		if n := testutil.ToFloat64(s.m.skipped.WithLabelValues(b.resource, b.reason)); n != 1 {

@@ -186,6 +186,18 @@ func (r *resourceState) bookmark(rev int64) {
 	}
 }
 
+// objects returns the current objects in key order.
+func (r *resourceState) objects() []*kube.Object {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*kube.Object, 0, r.state.Len())
+	r.state.Ascend(func(e *entry) bool {
+		out = append(out, e.obj)
+		return true
+	})
+	return out
+}
+
 // get returns the current object at key, or nil.
 func (r *resourceState) get(key string) *kube.Object {
 	r.mu.RLock()

@@ -47,15 +47,23 @@ func errStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func (v *Server) resource(id string) (*resourceState, error) {
+func (v *Server) resource(ctx context.Context, id string) (*resourceState, error) {
 	if !v.s.ready.Load() {
 		return nil, status.Error(codes.Unavailable, "the cache is not ready")
 	}
 	r, ok := v.s.reg.ByID(id)
+	if !ok && v.s.custom {
+		// A custom resource another replica has learned (the caller
+		// learned it from one) may be in a revision this replica has
+		// not applied yet: catch up with etcd, then look again.
+		if rev, err := v.s.currentRevision(ctx); err == nil && v.s.waitFor(ctx, rev, id) == nil {
+			r, ok = v.s.reg.ByID(id)
+		}
+	}
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "the server could not find the requested resource %q", id)
 	}
-	rs, ok := v.s.resources[r.ID()]
+	rs, ok := v.s.resourceStates()[r.ID()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "resource %q is not served by this shard", id)
 	}
@@ -65,7 +73,7 @@ func (v *Server) resource(id string) (*resourceState, error) {
 // List serves LIST and GET.
 func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1.ListResponse, error) {
 	start := time.Now()
-	rs, err := v.resource(req.Resource)
+	rs, err := v.resource(ctx, req.Resource)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +200,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 // revision it received).
 func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchServer) error {
 	ctx := stream.Context()
-	rs, err := v.resource(req.Resource)
+	rs, err := v.resource(ctx, req.Resource)
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,8 @@ func (s *watchStream) Send(r *heraldv1.WatchResponse) error {
 func testServer(t *testing.T, rs *resourceState, head int64, buffer int) (*Server, *Shard) {
 	t.Helper()
 	s := &Shard{cfg: Config{SubscriberBuffer: buffer, WaitTimeout: time.Second}, reg: registry(t), m: newMetrics(prometheus.NewRegistry()),
-		resources: map[string]*resourceState{rs.res.ID(): rs}, advanced: make(chan struct{}), firstUp: make(chan struct{})}
+		advanced: make(chan struct{}), firstUp: make(chan struct{})}
+	s.states.Store(&map[string]*resourceState{rs.res.ID(): rs})
 	s.ready.Store(true)
 	s.head.Store(head)
 	return NewServer(s), s

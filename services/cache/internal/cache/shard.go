@@ -91,14 +91,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // Shard is one cache shard replica.
 type Shard struct {
-	cfg       Config
-	log       *slog.Logger
-	reg       *kube.Registry
-	dec       *kube.Decoder   // the one way stored values are read (decode.go)
-	history   *historyDecoder // dec, remembered for deep replays
-	m         *metrics
-	resources map[string]*resourceState // by resource ID
-	deep      *service.Queue            // bounds concurrent deep replays
+	cfg     Config
+	log     *slog.Logger
+	reg     *kube.Registry
+	dec     *kube.Decoder   // the one way stored values are read (decode.go)
+	history *historyDecoder // dec, remembered for deep replays
+	m       *metrics
+	deep    *service.Queue // bounds concurrent deep replays
+
+	// states holds every served resource's state by resource ID. The map
+	// is never modified once published: the apply goroutine replaces it
+	// when custom resources come and go (custom.go), readers load it.
+	states atomic.Pointer[map[string]*resourceState]
+	// custom: the shard serves the custom resources, learned from the
+	// CRDs it holds (custom.go). sizes are the configured window sizes.
+	custom bool
+	sizes  map[string]int
+	// badCRDs: the revision of each CRD last reported as invalid (apply
+	// goroutine only), so that each bad version is logged once.
+	badCRDs map[string]int64
 
 	// tracer: nil when tracing is off (see WithTracer). traceparent: the
 	// trace context of the record being applied (apply goroutine only).
@@ -135,28 +146,23 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 		return nil, err
 	}
 	sizes, _ := cfg.windowSizes()
-	s := &Shard{cfg: cfg, log: log, reg: reg, dec: dec, m: newMetrics(promReg),
-		resources: map[string]*resourceState{}, advanced: make(chan struct{}), firstUp: make(chan struct{}),
+	s := &Shard{cfg: cfg, log: log, reg: reg, dec: dec, m: newMetrics(promReg), sizes: sizes, badCRDs: map[string]int64{},
+		advanced: make(chan struct{}), firstUp: make(chan struct{}),
 		deep: service.NewQueue(cfg.DeepReplays, promReg, "herald_cache_deep_replays", "Deep resumes (watch replays read from the stream)")}
 	owned, err := cfg.ownership(reg)
 	if err != nil {
 		return nil, err
 	}
+	states := map[string]*resourceState{}
 	for _, r := range reg.Resources() {
 		parts, ok := owned[r.ID()]
 		if owned != nil && !ok {
 			continue
 		}
-		size := cfg.DefaultWindowSize
-		if n, ok := sizes[r.ID()]; ok {
-			size = n
-		} else if n, ok := sizes[r.Plural]; ok {
-			size = n
-		}
-		s.resources[r.ID()] = newResourceState(r, size)
-		s.resources[r.ID()].parts = parts
-		s.m.capacity.WithLabelValues(r.ID()).Set(float64(size))
+		states[r.ID()] = s.newState(r, parts)
 	}
+	s.states.Store(&states)
+	s.custom = servesCustom(states)
 	for _, o := range opts {
 		o(s)
 	}
@@ -181,8 +187,26 @@ func (s *Shard) FirstReady() <-chan struct{} { return s.firstUp }
 // Head is the revision the shard has applied.
 func (s *Shard) Head() int64 { return s.head.Load() }
 
+// newState is a new, empty state for r (owning partitions parts; nil: all)
+// with its configured window size.
+func (s *Shard) newState(r *kube.Resource, parts map[int]bool) *resourceState {
+	size := s.cfg.DefaultWindowSize
+	if n, ok := s.sizes[r.ID()]; ok {
+		size = n
+	} else if n, ok := s.sizes[r.Plural]; ok {
+		size = n
+	}
+	rs := newResourceState(r, size)
+	rs.parts = parts
+	s.m.capacity.WithLabelValues(r.ID()).Set(float64(size))
+	return rs
+}
+
+// resourceStates is every served resource's state by ID (never modify).
+func (s *Shard) resourceStates() map[string]*resourceState { return *s.states.Load() }
+
 func (s *Shard) owns(r *kube.Resource, namespace string) (*resourceState, bool) {
-	rs, ok := s.resources[r.ID()]
+	rs, ok := s.resourceStates()[r.ID()]
 	if !ok {
 		return nil, false
 	}
@@ -194,10 +218,18 @@ func (s *Shard) owns(r *kube.Resource, namespace string) (*resourceState, bool) 
 
 // subjects is the consumer's filter: the owned resources' partitions, the
 // multi-resource revisions and the progress markers.
+//
+// A shard serving custom resources always consumes the subject they are
+// on (stream.SubjectOther), so that a CRD learned mid-run needs no new
+// consumer: its objects are in what the shard already reads.
 func (s *Shard) subjects() []string {
 	out := []string{stream.SubjectMulti, stream.SubjectProgress}
-	ids := make([]string, 0, len(s.resources))
-	for id := range s.resources {
+	if s.custom {
+		out = append(out, stream.SubjectOther)
+	}
+	states := s.resourceStates()
+	ids := make([]string, 0, len(states))
+	for id := range states {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
@@ -210,7 +242,7 @@ func (s *Shard) subjects() []string {
 		}
 	}
 	for _, id := range ids {
-		r, parts := s.resources[id].res, s.resources[id].parts
+		r, parts := states[id].res, states[id].parts
 		if parts == nil {
 			add(stream.Filter(r))
 			continue
@@ -221,7 +253,8 @@ func (s *Shard) subjects() []string {
 			}
 		}
 	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Run connects, loads a snapshot and follows the stream until ctx ends.
@@ -379,7 +412,7 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 		if at > 0 && rev == at {
 			rebuildFrom = rev
 		}
-		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resources), "rebuildingWindows", rebuildFrom > 0)
+		s.log.Info("loaded snapshot", "revision", rev, "startSequence", next, "resources", len(s.resourceStates()), "rebuildingWindows", rebuildFrom > 0)
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
@@ -453,7 +486,9 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 
 // loadSnapshot replaces every owned resource's state by etcd's state at
 // revision rev (0: its current one) and returns that revision. The error
-// wraps rpctypes.ErrCompacted when etcd no longer holds rev.
+// wraps rpctypes.ErrCompacted when etcd no longer holds rev. The static
+// resources are loaded first; the custom resources then are those of the
+// CRDs loaded (custom.go).
 func (s *Shard) loadSnapshot(ctx context.Context, rev int64) (int64, error) {
 	if rev == 0 {
 		var err error
@@ -461,47 +496,59 @@ func (s *Shard) loadSnapshot(ctx context.Context, rev int64) (int64, error) {
 			return 0, err
 		}
 	}
-	for _, rs := range s.resources {
-		t := btree.NewG(32, lessEntry)
-		prefix := rs.res.KeyPrefix()
-		end := clientv3.GetPrefixRangeEnd(prefix)
-		from := prefix
-		for {
-			resp, err := s.etcd.Get(ctx, from, clientv3.WithRange(end), clientv3.WithRev(rev), clientv3.WithLimit(1000))
-			if err != nil {
-				return 0, fmt.Errorf("etcd snapshot of %s at %d: %w", rs.res.ID(), rev, err)
-			}
-			for _, kv := range resp.Kvs {
-				key := string(kv.Key)
-				r, ns, name, ok := s.reg.ParseKey(key)
-				if r == nil || !slices.Contains(r.Readers(), rs.res) {
-					continue
-				}
-				r = rs.res
-				if _, owned := s.owns(r, ns); !owned {
-					continue
-				}
-				if !ok {
-					s.skipKey(r, key, kv.ModRevision)
-					continue
-				}
-				obj, err := s.dec.Decode(ctx, r, key, ns, name, kv.Value, kv.ModRevision)
-				if err != nil {
-					s.skipUndecodable(r, key, kv.ModRevision, err)
-					continue
-				}
-				t.ReplaceOrInsert(&entry{key: key, obj: obj})
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
-			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	for _, rs := range s.resourceStates() {
+		if rs.res.Custom() {
+			continue
 		}
-		rs.reset(t, rev)
+		if err := s.loadResource(ctx, rs, rev); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.syncCustom(ctx, rev, true); err != nil {
+		return 0, err
 	}
 	s.asm.Reset()
 	s.setHead(rev)
 	return rev, nil
+}
+
+// loadResource replaces rs's state by etcd's state at revision rev.
+func (s *Shard) loadResource(ctx context.Context, rs *resourceState, rev int64) error {
+	t := btree.NewG(32, lessEntry)
+	prefix := rs.res.KeyPrefix()
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	from := prefix
+	for {
+		resp, err := s.etcd.Get(ctx, from, clientv3.WithRange(end), clientv3.WithRev(rev), clientv3.WithLimit(1000))
+		if err != nil {
+			return fmt.Errorf("etcd snapshot of %s at %d: %w", rs.res.ID(), rev, err)
+		}
+		for _, kv := range resp.Kvs {
+			key := string(kv.Key)
+			r, ns, name, ok := s.reg.ParseKey(key)
+			if r == nil || !slices.ContainsFunc(r.Readers(), func(x *kube.Resource) bool { return x.ID() == rs.res.ID() }) ||
+				rs.parts != nil && !rs.parts[kube.Partition(ns)] {
+				continue // another resource's, or a partition rs does not own
+			}
+			r = rs.res
+			if !ok {
+				s.skipKey(r, key, kv.ModRevision)
+				continue
+			}
+			obj, err := s.dec.Decode(ctx, r, key, ns, name, kv.Value, kv.ModRevision)
+			if err != nil {
+				s.skipUndecodable(r, key, kv.ModRevision, err)
+				continue
+			}
+			t.ReplaceOrInsert(&entry{key: key, obj: obj})
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	rs.reset(t, rev)
+	return nil
 }
 
 func (s *Shard) setHead(rev int64) {
@@ -606,7 +653,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	if rec.Progress {
 		if rec.Revision > head {
 			s.setHead(rec.Revision)
-			for _, rs := range s.resources {
+			for _, rs := range s.resourceStates() {
 				rs.bookmark(rec.Revision)
 			}
 		}
@@ -666,9 +713,18 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 			b.keys = append(b.keys, c.Key)
 		}
 	}
+	crds := false
 	for rs, b := range batches {
 		rs.applyRevision(rev, b.evs, b.objs, b.keys)
 		s.m.received.WithLabelValues(rs.res.ID()).Add(float64(len(b.evs)))
+		crds = crds || rs.res.ID() == kube.CRDResourceID
+	}
+	if crds && s.custom {
+		// Before the revision is visible: a read at rev finds the custom
+		// resources as the CRDs at rev define them.
+		if err := s.syncCustom(context.Background(), rev, false); err != nil {
+			s.log.Error("custom resources not updated", "revision", rev, "err", err)
+		}
 	}
 	s.setHead(rev)
 	if rec.ObservedUnixNano > 0 && s.ready.Load() { // not the history a start rebuilds

@@ -55,7 +55,7 @@ func newObsMetrics(reg prometheus.Registerer, s *Shard) *obsMetrics {
 // queuedRevisions sums the queue lengths of every following watch stream.
 func (s *Shard) queuedRevisions() float64 {
 	n := 0
-	for _, rs := range s.resources {
+	for _, rs := range s.resourceStates() {
 		n += rs.queued()
 	}
 	return float64(n)

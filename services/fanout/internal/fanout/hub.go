@@ -39,6 +39,10 @@ type hub struct {
 	clock  clock.Clock
 	limits ringLimits
 	synced chan struct{} // closed once the upstream stream has started
+	// stop ends run. gone (custom resources only) retires the hub when
+	// the registry no longer serves its resource as it does (Server.retire).
+	stop func()
+	gone func() bool
 
 	mu        sync.Mutex
 	ring      []*item
@@ -66,7 +70,7 @@ func newHub(res *kube.Resource, cache heraldv1.CacheClient, limits ringLimits, l
 func (h *hub) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		err := h.runOnce(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || h.gone != nil && h.gone() {
 			return
 		}
 		h.m.upstreamRestarts.WithLabelValues(h.res.ID()).Inc()

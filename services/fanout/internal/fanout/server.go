@@ -121,6 +121,7 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 	}
 	s.cache = cacheclient.New(reg, shards, caches, cacheclient.WithClock(s.clock), cacheclient.WithLogger(log),
 		cacheclient.WithMergeLimits(cacheclient.MergeLimits{Events: cfg.MergeEvents, Bytes: cfg.MergeBytes}))
+	go cacheclient.FollowCRDs(ctx, s.cache, reg, log, s.retireHubs)
 	promReg.MustRegister(replicaCollector{s})
 	return s, nil
 }
@@ -135,11 +136,55 @@ func (s *Server) hub(r *kube.Resource) *hub {
 	if !ok {
 		h = newHub(r, s.cache, ringLimits{events: s.cfg.RingSize, bytes: s.cfg.RingBytes}, s.log, s.m, s.clock)
 		h.tracer = s.tracer
+		ctx, cancel := context.WithCancel(s.ctx)
+		h.stop = cancel
+		if r.Custom() {
+			h.gone = func() bool { return s.retire(h) }
+		}
 		s.hubs[r.ID()] = h
-		go h.run(s.ctx)
+		go h.run(ctx)
 	}
 	return h
 }
+
+// retireHubs retires the hubs of custom resources the registry no longer
+// serves as their hub does (their CRD was deleted or changed): called when
+// the registry's custom resources change.
+func (s *Server) retireHubs() {
+	s.mu.Lock()
+	var hubs []*hub
+	for _, h := range s.hubs {
+		if h.res.Custom() {
+			hubs = append(hubs, h)
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range hubs {
+		s.retire(h)
+	}
+}
+
+// retire stops h and closes its watchers (they resume, and find the
+// resource as the registry now has it, or gone) when the registry no longer
+// serves h's resource as h does; it reports whether it did.
+func (s *Server) retire(h *hub) bool {
+	if r, ok := s.reg.ByID(h.res.ID()); ok && r == h.res {
+		return false
+	}
+	s.mu.Lock()
+	if s.hubs[h.res.ID()] == h {
+		delete(s.hubs, h.res.ID())
+	}
+	s.mu.Unlock()
+	h.stop()
+	h.reset(reasonResourceChanged)
+	return true
+}
+
+// learnWait bounds how long a watch of a custom resource this replica does
+// not serve yet waits for it to learn the resource's CRD (kube.Registry's
+// AwaitRequest): kube-apiserver's own bound on a read waiting for its cache.
+const learnWait = 3 * time.Second
 
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
 
@@ -151,7 +196,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	info, err := s.reg.ParseRequest(r.URL.Path, q)
+	// Frontdoor resolved the path; a custom resource it has learned may
+	// take this replica a moment more.
+	info, err := s.reg.AwaitRequest(r.Context(), learnWait, r.URL.Path, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return

@@ -15,6 +15,9 @@ const (
 	// reasonUpstreamLagging: a cache shard lagged so far behind the others
 	// that the merge's bound was reached (cacheclient.LagError).
 	reasonUpstreamLagging = "upstream_lagging"
+	// reasonResourceChanged: the watched custom resource's CRD was
+	// deleted or changed how its objects are served.
+	reasonResourceChanged = "resource_changed"
 )
 
 type queued struct {

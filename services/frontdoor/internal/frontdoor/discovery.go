@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
@@ -13,14 +15,48 @@ import (
 	"herald.dev/libs/kube"
 )
 
-// discovery holds the pre-encoded discovery documents; the registry is
-// fixed for the life of the process.
+// discovery serves the pre-encoded discovery documents of the registry's
+// resources. They are encoded again when the registry's custom resources
+// change (its generation), on the first request after the change.
 type discovery struct {
+	reg  *kube.Registry
+	mu   sync.Mutex // serializes rebuilds
+	docs atomic.Pointer[discoveryDocs]
+}
+
+// discoveryDocs are the documents of one generation of the registry.
+type discoveryDocs struct {
+	gen  uint64
 	docs map[string][]byte // path -> JSON
 }
 
 func newDiscovery(reg *kube.Registry) *discovery {
-	d := &discovery{docs: map[string][]byte{}}
+	d := &discovery{reg: reg}
+	d.docs.Store(buildDiscovery(reg))
+	return d
+}
+
+// current returns the documents of the registry's current generation.
+func (d *discovery) current() map[string][]byte {
+	gen := d.reg.Generation()
+	if cur := d.docs.Load(); cur.gen == gen {
+		return cur.docs
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cur := d.docs.Load(); cur.gen == gen {
+		return cur.docs
+	}
+	next := buildDiscovery(d.reg)
+	d.docs.Store(next)
+	return next.docs
+}
+
+// buildDiscovery encodes the registry's discovery documents. A custom
+// resource is listed once its CRD is Established, as kube-apiserver lists
+// it.
+func buildDiscovery(reg *kube.Registry) *discoveryDocs {
+	d := &discoveryDocs{gen: reg.Generation(), docs: map[string][]byte{}}
 	put := func(path string, v any) {
 		b, _ := json.Marshal(v)
 		d.docs[path] = b
@@ -28,6 +64,9 @@ func newDiscovery(reg *kube.Registry) *discovery {
 	byGV := map[string][]metav1.APIResource{}
 	groups := map[string][]string{} // group -> versions
 	for _, r := range reg.Resources() {
+		if !r.Discoverable() {
+			continue
+		}
 		gv := r.GroupVersion()
 		if _, seen := byGV[gv]; !seen && r.Group != "" {
 			groups[r.Group] = append(groups[r.Group], r.Version)
@@ -75,7 +114,7 @@ func newDiscovery(reg *kube.Registry) *discovery {
 
 // serve answers a discovery path; false when path is not one.
 func (d *discovery) serve(w http.ResponseWriter, path string) bool {
-	b, ok := d.docs[strings.TrimRight(path, "/")]
+	b, ok := d.current()[strings.TrimRight(path, "/")]
 	if !ok {
 		return false
 	}
@@ -86,6 +125,6 @@ func (d *discovery) serve(w http.ResponseWriter, path string) bool {
 
 // has reports whether path is a discovery document.
 func (d *discovery) has(path string) bool {
-	_, ok := d.docs[strings.TrimRight(path, "/")]
+	_, ok := d.current()[strings.TrimRight(path, "/")]
 	return ok
 }

@@ -65,6 +65,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
@@ -130,14 +131,15 @@ type Server struct {
 	debugH   http.Handler
 }
 
+// WithRegistry makes the server serve reg's resources (the registry its
+// cache client routes with, so that both see the same custom resources)
+// instead of loading its own from the configuration.
+func WithRegistry(reg *kube.Registry) Option { return func(s *Server) { s.reg = reg } }
+
 // NewServer builds the handler and loads every file it depends on; gather
 // (may be nil) serves /metrics on the public port to authorized users.
 func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg prometheus.Registerer, gather prometheus.Gatherer, opts ...Option) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
-	if err != nil {
 		return nil, err
 	}
 	codec, err := storage.NewCodec(nil)
@@ -145,7 +147,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		return nil, err
 	}
 	m := newMetrics(promReg)
-	s := &Server{cfg: cfg, log: log, reg: reg, cache: cache, disc: newDiscovery(reg), m: m, codec: codec, neg: storage.NewNegotiator(),
+	s := &Server{cfg: cfg, log: log, cache: cache, m: m, codec: codec, neg: storage.NewNegotiator(),
 		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
 		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
@@ -214,6 +216,12 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	for _, o := range opts {
 		o(s)
 	}
+	if s.reg == nil {
+		if s.reg, err = kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix); err != nil {
+			return nil, err
+		}
+	}
+	s.disc = newDiscovery(s.reg)
 	s.fanout.tracer = s.tracer
 	if gather != nil {
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
@@ -244,6 +252,7 @@ func (s *Server) ConfigErrors() error {
 // Run reloads changed files until ctx ends.
 func (s *Server) Run(ctx context.Context) {
 	go s.fanout.run(ctx, max(s.cfg.FanoutResolve, 100*time.Millisecond))
+	go cacheclient.FollowCRDs(ctx, s.cache, s.reg, s.log, nil)
 	if s.cluster != nil {
 		go s.cluster.up.healthCheck(ctx, s.cfg.Upstream.HealthInterval)
 	}

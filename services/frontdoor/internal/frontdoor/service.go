@@ -51,7 +51,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		clients[target] = heraldv1.NewCacheClient(conn)
 	}
 	handler, err := NewServer(cfg, p.Log, cacheclient.New(reg, shards, clients), p.Admin.Registry, p.Admin.Registry,
-		WithTracer(p.Telemetry.Tracer("herald.dev/services/frontdoor")))
+		WithTracer(p.Telemetry.Tracer("herald.dev/services/frontdoor")), WithRegistry(reg))
 	if err != nil {
 		conns.Close()
 		return nil, err
