@@ -80,6 +80,8 @@ func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n stor
 		obj, err = s.codec.TypedList(gvk, resp.Items, lm)
 	case get:
 		body = resp.Items[0]
+	case custom:
+		body = encodeUnstructuredList(res, resp)
 	default:
 		body = encodeList(res, resp)
 	}
