@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -240,5 +241,50 @@ func TestCustomTable(t *testing.T) {
 	}
 	if table.ResourceVersion != "9" || table.Kind != "Table" {
 		t.Errorf("table %+v", table.TypeMeta)
+	}
+}
+
+// TestDecodeCustomResourceOtherVersion: an object stored in another version
+// of the kind is served in the storage version with the None conversion
+// strategy (kube-apiserver rewrites only its apiVersion), and skipped when
+// only the CRD's conversion webhook could convert it.
+func TestDecodeCustomResourceOtherVersion(t *testing.T) {
+	d, _ := testDecoder(t, "")
+	in := `{"apiVersion":"example.com/v1beta1","kind":"Widget","metadata":{"name":"w","namespace":"shop"},"spec":{"color":"red"}}`
+	for _, tc := range []struct {
+		name    string
+		edit    func(*apiextensionsv1.CustomResourceDefinition)
+		want    string
+		invalid string
+	}{
+		{"none", nil, `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w","namespace":"shop","resourceVersion":"9"},"spec":{"color":"red"}}`, ""},
+		{"webhook", func(c *apiextensionsv1.CustomResourceDefinition) {
+			c.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter}
+		}, "", ReasonWrongKind},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := defaultRegistry(t)
+			_, rs, err := CustomResources(testCRD(tc.edit))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := g.SetCRD("widgets.example.com", rs); err != nil {
+				t.Fatal(err)
+			}
+			w := mustResource(t, g, "widgets.example.com")
+			o, err := d.Decode(context.Background(), w, "/registry/example.com/widgets/shop/w", "shop", "w", []byte(in), 9)
+			if tc.invalid != "" {
+				if Reason(err) != tc.invalid || o != nil {
+					t.Fatalf("Decode = %v, %v; want %s", o, err, tc.invalid)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(o.JSON) != tc.want || o.Fields["spec.color"] != "red" {
+				t.Fatalf("JSON %s fields %v\nwant %s", o.JSON, o.Fields, tc.want)
+			}
+		})
 	}
 }

@@ -617,11 +617,7 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 // encodeList assembles a list from the items' bytes without re-encoding
 // them.
 func encodeList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
-	size := 128
-	for _, it := range resp.Items {
-		size += len(it) + 1
-	}
-	b := bytes.NewBuffer(make([]byte, 0, size))
+	b := listBuffer(resp)
 	b.WriteString(`{"kind":"`)
 	b.WriteString(res.Kind)
 	b.WriteString(`List","apiVersion":"`)
@@ -658,16 +654,21 @@ func encodeList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
 	return b.Bytes()
 }
 
+// listBuffer is a buffer with room for a list of resp's items.
+func listBuffer(resp *heraldv1.ListResponse) *bytes.Buffer {
+	size := 160
+	for _, it := range resp.Items {
+		size += len(it) + 1
+	}
+	return bytes.NewBuffer(make([]byte, 0, size))
+}
+
 // encodeUnstructuredList assembles a list of custom resources as
 // kube-apiserver writes one (an unstructured.UnstructuredList, encoded as a
 // map: keys sorted, "continue" always in the metadata, the items whole),
 // from the items' bytes without re-encoding them.
 func encodeUnstructuredList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
-	size := 160
-	for _, it := range resp.Items {
-		size += len(it) + 1
-	}
-	b := bytes.NewBuffer(make([]byte, 0, size))
+	b := listBuffer(resp)
 	b.WriteString(`{"apiVersion":"`)
 	b.WriteString(res.GroupVersion())
 	b.WriteString(`","items":[`)
