@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,15 @@ func TestCustomResources(t *testing.T) {
 	}
 	if !r.Custom() || r.CRDName() != "widgets.example.com" || !r.Discoverable() || !r.custom.rewriteVersion {
 		t.Errorf("custom info: %+v", r.custom)
+	}
+	if v := strings.Join(r.DiscoveryVerbs(), ","); v != "delete,deletecollection,get,list,patch,create,update,watch" {
+		t.Errorf("discovery verbs %s", v)
+	}
+	_, terminating, _ := CustomResources(testCRD(func(c *apiextensionsv1.CustomResourceDefinition) {
+		c.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	}))
+	if v := strings.Join(terminating[0].DiscoveryVerbs(), ","); v != "delete,deletecollection,get,list,watch" || !SameObjects(&r, &terminating[0]) {
+		t.Errorf("terminating: discovery verbs %s", v)
 	}
 
 	cases := []struct {
@@ -162,6 +172,12 @@ func TestRegistryCustomResources(t *testing.T) {
 	}
 	if got, _, _, _ := g.ParseKey("/registry/example.com/gadgets/shop/g1"); got != nil {
 		t.Errorf("ParseKey of an unknown custom resource = %v", got)
+	}
+	if info, err := g.ParseRequest("/apis/example.com/v1/namespaces/shop/widgets", url.Values{"watch": {"true"}}); err != nil || info.Resource != r || info.Verb != VerbWatch {
+		t.Errorf("ParseRequest = %+v, %v", info, err)
+	}
+	if _, err := g.ParseRequest("/apis/example.com/v1/namespaces/shop/widgets/w1/status", nil); err == nil || err.Error() != `widgets.example.com "w1" not found` {
+		t.Errorf("ParseRequest of a subresource: %v", err)
 	}
 	if got, _, _, ok := g.ParseKey("/registry/pods/default/web-0"); got == nil || got.ID() != "pods" || !ok {
 		t.Errorf("ParseKey of a pod = %v %v", got, ok)

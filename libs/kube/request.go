@@ -80,6 +80,11 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	}
 	info := RequestInfo{Resource: res, Namespace: ns, Verb: VerbList}
 	if len(rest) > 2 { // a subresource: none is served from the cache
+		if res.Custom() {
+			// kube-apiserver's CRD handler answers a subresource the
+			// CRD does not define as a missing object.
+			return RequestInfo{}, apierrors.NewNotFound(groupResource(group, rest[0]), rest[1])
+		}
 		return RequestInfo{}, notFoundPath()
 	}
 	if len(rest) == 2 {

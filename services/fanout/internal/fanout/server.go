@@ -166,9 +166,10 @@ func (s *Server) retireHubs() {
 
 // retire stops h and closes its watchers (they resume, and find the
 // resource as the registry now has it, or gone) when the registry no longer
-// serves h's resource as h does; it reports whether it did.
+// serves h's resource's objects as h does (a CRD's status change alone
+// keeps it); it reports whether it did.
 func (s *Server) retire(h *hub) bool {
-	if r, ok := s.reg.ByID(h.res.ID()); ok && r == h.res {
+	if r, ok := s.reg.ByID(h.res.ID()); ok && kube.SameObjects(r, h.res) {
 		return false
 	}
 	s.mu.Lock()
