@@ -31,6 +31,14 @@ import (
 //     herald_cache_undecodable_values_total{reason="invalid_crd"} and logged
 //     once per revision of it; it never stops anything else.
 
+// readCRD is what one revision of a CRD serves (kube.CustomResources).
+type readCRD struct {
+	rev       int64
+	name      string
+	resources []kube.Resource
+	err       error
+}
+
 // servesCustom reports whether a shard with these states serves the custom
 // resources: it holds the CRDs' partition.
 func servesCustom(states map[string]*resourceState) bool {
@@ -48,28 +56,26 @@ func (s *Shard) syncCustom(ctx context.Context, rev int64, reload bool) error {
 	}
 	states := s.resourceStates()
 	defs := map[string][]kube.Resource{}
-	seen := map[string]bool{}
+	read := make(map[string]readCRD, len(s.crds))
 	for _, o := range states[kube.CRDResourceID].objects() {
-		seen[o.Name] = true
-		name, rs, err := kube.CustomResources(o.JSON)
-		if err != nil {
-			if s.badCRDs[o.Name] != o.Rev {
-				s.badCRDs[o.Name] = o.Rev
+		// Each revision of a CRD is read once: a cluster's CRDs (and
+		// their schemas) are many and large, and any CRD's change brings
+		// them all here.
+		c, ok := s.crds[o.Name]
+		if !ok || c.rev != o.Rev {
+			c = readCRD{rev: o.Rev}
+			c.name, c.resources, c.err = kube.CustomResources(o.JSON)
+			if c.err != nil {
 				s.m.skipped.WithLabelValues(kube.CRDResourceID, kube.ReasonInvalidCRD).Inc()
-				s.log.Warn("skipping a CustomResourceDefinition Herald cannot serve", "crd", o.Name, "revision", o.Rev, "err", err)
+				s.log.Warn("skipping a CustomResourceDefinition Herald cannot serve", "crd", o.Name, "revision", o.Rev, "err", c.err)
 			}
-			continue
 		}
-		delete(s.badCRDs, o.Name)
-		if len(rs) > 0 {
-			defs[name] = rs
-		}
-	}
-	for name := range s.badCRDs {
-		if !seen[name] {
-			delete(s.badCRDs, name)
+		read[o.Name] = c
+		if c.err == nil && len(c.resources) > 0 {
+			defs[c.name] = c.resources
 		}
 	}
+	s.crds = read
 	if _, err := s.reg.ReplaceCRDs(defs); err != nil {
 		s.log.Warn("CustomResourceDefinitions not served", "revision", rev, "err", err)
 	}

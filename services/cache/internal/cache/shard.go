@@ -107,9 +107,9 @@ type Shard struct {
 	// CRDs it holds (custom.go). sizes are the configured window sizes.
 	custom bool
 	sizes  map[string]int
-	// badCRDs: the revision of each CRD last reported as invalid (apply
-	// goroutine only), so that each bad version is logged once.
-	badCRDs map[string]int64
+	// crds: each CRD as last read, by name (apply goroutine only), so
+	// that a revision of a CRD is read, and reported when invalid, once.
+	crds map[string]readCRD
 
 	// tracer: nil when tracing is off (see WithTracer). traceparent: the
 	// trace context of the record being applied (apply goroutine only).
@@ -146,7 +146,7 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 		return nil, err
 	}
 	sizes, _ := cfg.windowSizes()
-	s := &Shard{cfg: cfg, log: log, reg: reg, dec: dec, m: newMetrics(promReg), sizes: sizes, badCRDs: map[string]int64{},
+	s := &Shard{cfg: cfg, log: log, reg: reg, dec: dec, m: newMetrics(promReg), sizes: sizes, crds: map[string]readCRD{},
 		advanced: make(chan struct{}), firstUp: make(chan struct{}),
 		deep: service.NewQueue(cfg.DeepReplays, promReg, "herald_cache_deep_replays", "Deep resumes (watch replays read from the stream)")}
 	owned, err := cfg.ownership(reg)
