@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -302,5 +303,36 @@ func TestDecodeCustomResourceOtherVersion(t *testing.T) {
 				t.Fatalf("JSON %s fields %v\nwant %s", o.JSON, o.Fields, tc.want)
 			}
 		})
+	}
+}
+
+// TestShardMapCustomResources: a custom resource lives, unsplit, on the
+// shard holding the CRDs' partition, wherever the wildcard points.
+func TestShardMapCustomResources(t *testing.T) {
+	g := defaultRegistry(t)
+	_, rs, err := CustomResources(testCRD(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.SetCRD("widgets.example.com", rs); err != nil {
+		t.Fatal(err)
+	}
+	widgets, _ := g.ByID("widgets.example.com")
+	for spec, want := range map[string]string{
+		"*=static:///c:1": "static:///c:1",
+		CRDResourceID + "=static:///d:1;*=static:///c:1": "static:///d:1",
+		fmt.Sprintf("%s/%d=static:///d:1;*=static:///c:1", CRDResourceID, Partition("")): "static:///d:1",
+		fmt.Sprintf("%s/%d=static:///d:1;*=static:///c:1", CRDResourceID, (Partition("")+1)%Partitions): "static:///c:1",
+	} {
+		m, err := ParseShardMap(spec, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.All(widgets); len(got) != 1 || got[0].Target != want || got[0].Partitions != nil {
+			t.Errorf("%s: All(widgets) = %+v, want %s", spec, got, want)
+		}
+		if got := m.For(widgets, "shop").Target; got != want {
+			t.Errorf("%s: For(widgets, shop) = %s, want %s", spec, got, want)
+		}
 	}
 }
