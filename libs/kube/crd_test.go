@@ -320,8 +320,8 @@ func TestShardMapCustomResources(t *testing.T) {
 	widgets, _ := g.ByID("widgets.example.com")
 	for spec, want := range map[string]string{
 		"*=static:///c:1": "static:///c:1",
-		CRDResourceID + "=static:///d:1;*=static:///c:1": "static:///d:1",
-		fmt.Sprintf("%s/%d=static:///d:1;*=static:///c:1", CRDResourceID, Partition("")): "static:///d:1",
+		CRDResourceID + "=static:///d:1;*=static:///c:1":                                                "static:///d:1",
+		fmt.Sprintf("%s/%d=static:///d:1;*=static:///c:1", CRDResourceID, Partition("")):                "static:///d:1",
 		fmt.Sprintf("%s/%d=static:///d:1;*=static:///c:1", CRDResourceID, (Partition("")+1)%Partitions): "static:///c:1",
 	} {
 		m, err := ParseShardMap(spec, g)
