@@ -460,7 +460,7 @@ func (g *Registry) customResource(crd string, r Resource) (*Resource, error) {
 	}
 	r.keyPrefix = g.prefix + "/" + r.Key + "/"
 	if _, static := g.byID[r.ID()]; static {
-		return nil, fmt.Errorf("CRD %s: resource %s is a built-in resource", crd, r.ID())
+		return nil, fmt.Errorf("CRD %s: resource %s is a static resource (built-in, or from the resources file)", crd, r.ID())
 	}
 	for _, s := range g.byKey {
 		if strings.HasPrefix(s.keyPrefix, r.keyPrefix) || strings.HasPrefix(r.keyPrefix, s.keyPrefix) {
