@@ -171,8 +171,11 @@ func CustomResources(crdJSON []byte) (string, []Resource, error) {
 	if err != nil {
 		return invalid("version %s: printer columns: %v", storage.Name, err)
 	}
-	if s := storage.Schema; s == nil || s.OpenAPIV3Schema == nil || (s.OpenAPIV3Schema.Type != "object" && s.OpenAPIV3Schema.Type != "") {
-		return invalid("version %s: its schema must be an object", storage.Name)
+	// A CRD made through v1beta1 before 1.22 may have no schema, or a
+	// non-structural one without a root type: kube-apiserver still serves
+	// it. A root of another type never validates an object.
+	if s := storage.Schema; s != nil && s.OpenAPIV3Schema != nil && s.OpenAPIV3Schema.Type != "object" && s.OpenAPIV3Schema.Type != "" {
+		return invalid("version %s: its schema's root is a %s, not an object", storage.Name, s.OpenAPIV3Schema.Type)
 	}
 	names := crd.Status.AcceptedNames
 	if names.Plural == "" || !condition(&crd, apiextensionsv1.NamesAccepted) && !condition(&crd, apiextensionsv1.Established) {

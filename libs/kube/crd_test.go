@@ -113,7 +113,7 @@ func TestCustomResources(t *testing.T) {
 		{"schema not an object", func(c *apiextensionsv1.CustomResourceDefinition) {
 			c.Spec.Versions[1].Schema.OpenAPIV3Schema.Type = "string"
 		}, false, true},
-		{"no schema", func(c *apiextensionsv1.CustomResourceDefinition) { c.Spec.Versions[1].Schema = nil }, false, true},
+		{"no schema (a legacy v1beta1 CRD)", func(c *apiextensionsv1.CustomResourceDefinition) { c.Spec.Versions[1].Schema = nil }, true, false},
 		{"selectable field not a path", func(c *apiextensionsv1.CustomResourceDefinition) {
 			c.Spec.Versions[1].SelectableFields = []apiextensionsv1.SelectableField{{JSONPath: "spec.color"}}
 		}, false, true},
