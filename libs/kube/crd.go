@@ -50,7 +50,6 @@ var ErrInvalidCRD = errors.New("invalid CustomResourceDefinition")
 type customInfo struct {
 	crd         string // the CRD's name, <plural>.<group>
 	established bool   // listed in discovery
-	terminating bool   // being deleted: discovery lists fewer verbs
 	// storageVersionHash as kube-apiserver's discovery computes it.
 	storageVersionHash string
 	// columns: the Table columns (additionalPrinterColumns, or Age).
@@ -93,19 +92,6 @@ func (r *Resource) Custom() bool { return r.custom != nil }
 // Discoverable reports whether discovery lists r: a custom resource once
 // its CRD is Established, every other resource always.
 func (r *Resource) Discoverable() bool { return r.custom == nil || r.custom.established }
-
-// DiscoveryVerbs are the verbs discovery lists for r as kube-apiserver
-// lists them, when Herald knows them: a custom resource's (fewer while its
-// CRD is being deleted); nil for others.
-func (r *Resource) DiscoveryVerbs() []string {
-	switch {
-	case r.custom == nil:
-		return nil
-	case r.custom.terminating:
-		return []string{"delete", "deletecollection", "get", "list", "watch"}
-	}
-	return []string{"delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"}
-}
 
 // CRDName is the name of the CRD that defines r ("" for other resources).
 func (r *Resource) CRDName() string {
@@ -203,7 +189,6 @@ func CustomResources(crdJSON []byte) (string, []Resource, error) {
 		Key: spec.Group + "/" + names.Plural, Fields: fields,
 		custom: &customInfo{
 			crd: crd.Name, established: condition(&crd, apiextensionsv1.Established),
-			terminating:        crd.DeletionTimestamp != nil || condition(&crd, apiextensionsv1.Terminating),
 			storageVersionHash: discovery.StorageVersionHash(spec.Group, storage.Name, names.Kind),
 			columns:            columns, table: table, rewriteVersion: !webhook,
 		},

@@ -73,7 +73,7 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 		}
 		byGV[gv] = append(byGV[gv], metav1.APIResource{
 			Name: r.Plural, SingularName: r.Singular, Namespaced: r.Namespaced, Kind: r.Kind,
-			Verbs: verbs(r), ShortNames: r.ShortNames, Categories: r.Categories,
+			Verbs: metav1.Verbs{"get", "list", "watch"}, ShortNames: r.ShortNames, Categories: r.Categories,
 		})
 	}
 	put("/api", metav1.APIVersions{
@@ -110,15 +110,6 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 	}
 	put("/version", version.Info{Major: "1", Minor: "32", GitVersion: "v1.32.0-herald", Platform: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version(), Compiler: runtime.Compiler})
 	return d
-}
-
-// verbs are the verbs discovery lists for r: kube-apiserver's where Herald
-// knows them (custom resources), else the reads Herald serves.
-func verbs(r *kube.Resource) metav1.Verbs {
-	if v := r.DiscoveryVerbs(); v != nil {
-		return v
-	}
-	return metav1.Verbs{"get", "list", "watch"}
 }
 
 // serve answers a discovery path; false when path is not one.
