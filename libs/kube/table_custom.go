@@ -34,7 +34,7 @@ func customTable(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColu
 		t.Rows = []metav1.TableRow{}
 	}
 	for i := range t.Rows {
-		if include != IncludeMetadata {
+		if include == IncludeNone || include == IncludeFull {
 			t.Rows[i].Object = rowObject(items[i], include)
 			continue
 		}
