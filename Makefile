@@ -12,7 +12,7 @@ BIN := $(CURDIR)/.bin
 MODULES  := libs/rv libs/kube libs/proto libs/service libs/stream libs/cacheclient libs/storage services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
 SERVICES := ingest cache fanout frontdoor
 
-.PHONY: help run seed build test test-unit kubeapi e2e e2e-local images manifests bench proto proto-check lint tidy clean storage-check
+.PHONY: help run seed build test test-unit kubeapi e2e e2e-deep e2e-local images manifests bench proto proto-check lint tidy clean storage-check
 
 # Container images: FROM scratch, static binaries built here (nothing is pulled).
 IMAGE_REPO ?= herald
@@ -44,9 +44,13 @@ test: ## Run every test: unit tests and the end-to-end tests on real etcd, JetSt
 test-unit: ## Run only the fast tests (no end-to-end stack).
 	@set -e; for m in $(filter-out integration,$(MODULES)); do (cd $$m && $(GO) test -count=1 ./...); done
 
-e2e: images ## Run the container suite (testcontainers: etcd x3, NATS x3, every service replicated, faults injected).
+e2e: images ## Run the container suite (testcontainers: etcd x3, NATS x3, every service replicated, faults injected), then the deep resume at full scale.
 	cd $(E2E_MODULE) && HERALD_IMAGE_REPO=$(IMAGE_REPO) HERALD_IMAGE_TAG=$(IMAGE_TAG) TESTCONTAINERS_RYUK_DISABLED=true \
 		$(GO) test -count=1 -timeout 30m -v $(if $(RUN),-run '$(RUN)') ./...
+	$(if $(RUN),,$(MAKE) e2e-deep)
+
+e2e-deep: ## Deep resume at issue 17's scale: 200 watchers resume 50,000 events back at once (about 15 minutes; `make e2e` runs it).
+	cd integration && HERALD_DEEP_EVENTS=50000 $(GO) test -count=1 -timeout 60m -v -run TestDeepResumeIsBounded ./e2e/
 
 kubeapi: ## Run the side-by-side suite against a real kube-apiserver v1.37.2 (integration/kubeapi; issue 14's acceptance, not yet green).
 	@# Builds kube-apiserver once (cached in ~/.cache/herald) before the tests' timeout starts.

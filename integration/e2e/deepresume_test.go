@@ -32,9 +32,8 @@ import (
 // events back (1,600: 40 windows; `make test` runs it). Issue 17 asks for
 // 50,000 events back; that run writes 50,000 revisions and delivers 200 x
 // 50,000 events (7.5 GB of JSON) through one fanout and the test's own
-// decoder: about 2,200 CPU seconds (35 minutes on a shared 2-core machine
-// on 2026-11-23, peak heap in use 94 MiB), more than `make test` or
-// `make e2e` can hold, so it is an explicit variant: HERALD_DEEP_EVENTS=50000.
+// decoder, which takes minutes of both cores, so `make e2e` runs it as its
+// own step (`make e2e-deep`, HERALD_DEEP_EVENTS=50000).
 const (
 	deepNS   = 16 // namespaces, spread over both pod shards
 	deepPods = 20 // per namespace
@@ -246,7 +245,19 @@ func readWatch(t *testing.T, ctx context.Context, c *http.Client, token, url str
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
-		var ev watchEvent
+		// Only what the checker compares is decoded: at the issue's scale
+		// the test reads 10 million events, and decoding each whole object
+		// (its 600-byte annotation as a map) was a third of the run's CPU.
+		var ev struct {
+			Type   string `json:"type"`
+			Object struct {
+				Metadata struct {
+					Name            string `json:"name"`
+					Namespace       string `json:"namespace"`
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+			} `json:"object"`
+		}
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			t.Errorf("decoding %q: %v", sc.Text(), err)
 			return got
@@ -258,10 +269,16 @@ func readWatch(t *testing.T, ctx context.Context, c *http.Client, token, url str
 			}
 			continue
 		case "ERROR":
-			t.Errorf("watch error: %s", ev.Object)
+			t.Errorf("watch error: %s", sc.Text())
 			return got
 		}
-		c := ev.toCheck()
+		m := ev.Object.Metadata
+		rv, err := strconv.ParseInt(m.ResourceVersion, 10, 64)
+		if err != nil {
+			t.Errorf("event without a resourceVersion: %s", sc.Text())
+			return got
+		}
+		c := checker.WatchEvent{Type: ev.Type, Key: m.Namespace + "/" + m.Name, RV: rv}
 		got = append(got, c)
 		if until > 0 && c.RV >= until {
 			return got
