@@ -39,7 +39,8 @@ seed: ## Write sample nodes and pods into the running stack's etcd (CHURN=300ms 
 test: ## Run every test: unit tests and the end-to-end tests on real etcd, JetStream, gRPC and HTTP (and kube-apiserver for cluster mode).
 	@# Cluster mode's tests run a real kube-apiserver: build it (once, cached) before the tests' timeout starts.
 	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
-	@set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(GO) test -count=1 -timeout 20m ./...); done
+	@# integration's end-to-end packages (e2e, kubeapi) each run a whole stack: one at a time (-p 1), not both on the same cores.
+	@set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(GO) test $$([ $$m = integration ] && echo -p 1) -count=1 -timeout 20m ./...); done
 
 test-unit: ## Run only the fast tests (no end-to-end stack).
 	@set -e; for m in $(filter-out integration,$(MODULES)); do (cd $$m && $(GO) test -count=1 ./...); done
@@ -52,10 +53,10 @@ e2e: images ## Run the container suite (testcontainers: etcd x3, NATS x3, every 
 e2e-deep: ## Deep resume at issue 17's scale: 200 watchers resume 50,000 events back at once (about 15 minutes; `make e2e` runs it).
 	cd integration && HERALD_DEEP_EVENTS=50000 $(GO) test -count=1 -timeout 60m -v -run TestDeepResumeIsBounded ./e2e/
 
-kubeapi: ## Run the side-by-side suite against a real kube-apiserver v1.37.2 (integration/kubeapi; issue 14's acceptance, not yet green).
+kubeapi: ## Run only the side-by-side suite against a real kube-apiserver v1.37.2 (integration/kubeapi; part of `make test`).
 	@# Builds kube-apiserver once (cached in ~/.cache/herald) before the tests' timeout starts.
 	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
-	cd integration && $(GO) test -tags kubeapi -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kubeapi/
+	cd integration && $(GO) test -count=1 -timeout 30m -v $(if $(RUN),-run '$(RUN)') ./kubeapi/
 
 e2e-local: ## Run only the in-process end-to-end tests (integration/e2e; part of `make test`).
 	cd integration && $(GO) test -count=1 -timeout 20m -v ./e2e/...

@@ -1,5 +1,3 @@
-//go:build kubeapi
-
 // Package kubeapi is the end-to-end test of Herald against a real
 // kube-apiserver (issue 14, acceptance 1 and 2): kube-apiserver v1.37.2 and
 // Herald run on the same etcd, objects of every kind are written through

@@ -1,5 +1,3 @@
-//go:build kubeapi
-
 package kubeapi
 
 import (
