@@ -280,8 +280,10 @@ func TestNegotiation(t *testing.T) {
 		body             string // contained in the body
 	}{
 		// kube-apiserver's router refuses these before its handler runs.
+		// Indented, as kube-apiserver writes a Status for an Accept it
+		// cannot serve at all.
 		{"/api/v1/namespaces/ng/pods/a", "text/html", "application/json", 406,
-			`"message":"406: Not Acceptable\n\nAvailable representations: application/json, application/yaml, application/vnd.kubernetes.protobuf","reason":"NotAcceptable","details":{},"code":406`},
+			"\"message\": \"406: Not Acceptable\\n\\nAvailable representations: application/json, application/yaml, application/vnd.kubernetes.protobuf\",\n  \"reason\": \"NotAcceptable\",\n  \"details\": {},\n  \"code\": 406"},
 		{"/api/v1/namespaces/ng/pods", "application/*", "application/json", 406,
 			`Available representations: application/json, application/yaml, application/vnd.kubernetes.protobuf, application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch"`},
 		// Its handler refuses these, in the media type it negotiated.

@@ -59,7 +59,9 @@ func TestHostileRequests(t *testing.T) {
 			}
 			resp.Body.Close() // a 200 watch is closed at once
 			rcancel()
-			if resp.StatusCode >= 500 {
+			// The one 500 is kube-apiserver's own answer to a watch from a
+			// resourceVersion that is not a number (integration/kubeapi).
+			if resp.StatusCode >= 500 && !(resp.StatusCode == http.StatusInternalServerError && q == "watch=true&resourceVersion=abc") {
 				t.Errorf("GET %s: %d %s", target, resp.StatusCode, b)
 				continue
 			}
