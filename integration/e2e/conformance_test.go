@@ -285,6 +285,12 @@ func TestConformance(t *testing.T) {
 		for i := range 45 {
 			e.put(t, ctx, "churn", "c", labeledPod("churn", "c", "n0", "web"), i == 0)
 		}
+		// A consistent LIST (no resourceVersion) answers once the cache has
+		// applied etcd's current revision: the writes above are in, and the
+		// token's revision has left the window (without it the continued
+		// LIST could reach a cache still behind them, and get 200).
+		var caughtUp struct{}
+		e.get(t, "/api/v1/pods?limit=1", &caughtUp)
 		e.wantStatus(t, "/api/v1/pods?limit=2&continue="+url.QueryEscape(first.Metadata.Continue), 410, "Expired")
 		e.wantStatus(t, "/api/v1/pods?limit=2&continue=bm90LWEtdG9rZW4", 400, "BadRequest")
 	})
