@@ -127,6 +127,7 @@ func TestDeepResumeIsBounded(t *testing.T) {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := watchHeap(t, wctx, cancel, procs, deepHeapBound)
+		defer watchProgress(t, wctx, cancel, procs, 2*time.Minute)()
 		start := time.Now()
 		got := make([][]checker.WatchEvent, deepWatchers)
 		var wg sync.WaitGroup
@@ -339,7 +340,11 @@ func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.P
 
 // heapInUse scrapes p's go_memstats_heap_inuse_bytes (from a goroutine of
 // its own: no t.Fatal).
-func heapInUse(p *stack.Proc) (float64, bool) {
+func heapInUse(p *stack.Proc) (float64, bool) { return scrape(p, "go_memstats_heap_inuse_bytes") }
+
+// scrape reads p's unlabelled metric name, reporting failures instead of
+// failing the test (it runs on goroutines of its own).
+func scrape(p *stack.Proc, name string) (float64, bool) {
 	resp, err := http.Get("http://" + p.Admin + "/metrics")
 	if err != nil {
 		return 0, false
@@ -347,12 +352,71 @@ func heapInUse(p *stack.Proc) (float64, bool) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			return f, err == nil
 		}
 	}
 	return 0, false
+}
+
+// watchProgress fails the test and calls abort when fanout (procs[0])
+// writes no watch event for stall, logging where every process's
+// goroutines are: a replay that waits forever is a bug to diagnose, not a
+// timeout. It runs until the returned function is called.
+func watchProgress(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, stall time.Duration) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		var last float64
+		moved := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			n, ok := scrape(procs[0], "apiserver_watch_events_total")
+			switch {
+			case !ok:
+				continue
+			case n != last:
+				last, moved = n, time.Now()
+				continue
+			case time.Since(moved) < stall:
+				continue
+			}
+			var dumps []string
+			for _, p := range procs {
+				dumps = append(dumps, "== "+p.Name+"\n"+goroutines(p))
+			}
+			t.Errorf("no watch event written for %v (%v so far): the replays stalled; goroutines:\n%s", stall, last, strings.Join(dumps, "\n"))
+			abort()
+			return
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// goroutines is p's goroutine profile, identical stacks counted together.
+func goroutines(p *stack.Proc) string {
+	resp, err := http.Get("http://" + p.Admin + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }
 
 // heapTop is `go tool pprof -top` of p's heap profile (in use), or why it

@@ -27,30 +27,18 @@ import (
 // Memory is bounded per replay: records are read from the stream and sent
 // as they come (send blocks on the gRPC stream's flow control, so a slow
 // reader slows the replay, it does not buffer it), and only the last state
-// of each object met on the way is kept. At most --deep-replay.concurrency
-// replays run at once, each with one stream consumer that it deletes when it
-// ends; the others wait for a slot. The replay stops as soon as ctx ends
-// (its client went away). started is called once the replay holds its slot:
-// the caller sends what it has, so that a client merging several shards
-// (libs/cacheclient) learns that this one is running before it asks the
-// next, and never holds one shard's slot while queued for another's.
-func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, started func() error, send func(*heraldv1.Event) error) error {
+// of each object met on the way is kept. The caller holds a deep-replay slot
+// (see deepSlot); the replay stops as soon as ctx ends (its client went
+// away).
+func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
+	s.m.deepReplays.Inc()
 	// Everything a replay asks of NATS (the stream's bounds, the binary
-	// search for its start, its consumer) happens inside its slot: a wave
+	// search for its start, its consumer) happens inside the slot: a wave
 	// of resumes costs the server at most --deep-replay.concurrency readers
 	// at a time, however many wait.
-	release, err := s.deep.Acquire(ctx)
-	if err != nil {
-		return status.FromContextError(err).Err()
-	}
-	defer release()
-	if err := started(); err != nil {
-		return err
-	}
-	s.m.deepReplays.Inc()
 	st, err := s.js.Stream(ctx, s.cfg.Stream)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "stream: %v", err)
@@ -124,6 +112,29 @@ func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace str
 			return nil
 		}
 	}
+}
+
+// deepSlot waits for one of the --deep-replay.concurrency slots of deep
+// replays and then calls started, which sends what the watch has so far: a
+// client merging several shards (libs/cacheclient) learns from that first
+// response that this shard's replay runs before it asks the next shard.
+//
+// A watch holds its slot until its replay has reached the window, however
+// many rounds that takes (the window moves on while a long replay runs):
+// released between rounds, the watch would queue for this shard again while
+// it may hold the next shard's slot, and two such watches, each holding what
+// the other waits for, would wait forever. Taken once per shard, in the
+// shards' order, the slots cannot form such a cycle.
+func (s *Shard) deepSlot(ctx context.Context, started func() error) (release func(), err error) {
+	release, err = s.deep.Acquire(ctx)
+	if err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	if err := started(); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
 }
 
 // historicEvent rebuilds the event of one change read from the stream.

@@ -130,17 +130,19 @@ func (h *history) put(t *testing.T, ns, name string, gen int) int64 {
 }
 
 // startShard runs a shard on h (windows of 100 events, rebuilt from up to
-// rebuild messages) until the test ends, and returns it once it is ready.
-func startShard(t *testing.T, h *history, rebuild int) (*Shard, *Server) {
+// rebuild messages, then flags) until the test ends, and returns it, its
+// server and its metrics once it is ready.
+func startShard(t *testing.T, h *history, rebuild int, flags ...string) (*Shard, *Server, *prometheus.Registry) {
 	t.Helper()
 	var cfg Config
 	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	if err := fs.Parse([]string{"--etcd.endpoints=" + h.etcdURL, "--nats.url=" + h.natsURL, "--default-watch-cache-size=100",
-		fmt.Sprintf("--window.rebuild-messages=%d", rebuild)}); err != nil {
+	if err := fs.Parse(append([]string{"--etcd.endpoints=" + h.etcdURL, "--nats.url=" + h.natsURL, "--default-watch-cache-size=100",
+		fmt.Sprintf("--window.rebuild-messages=%d", rebuild)}, flags...)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +157,7 @@ func startShard(t *testing.T, h *history, rebuild int) (*Shard, *Server) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("shard not ready after 30s")
 	}
-	return s, NewServer(s)
+	return s, NewServer(s), reg
 }
 
 // TestRestartRebuildsTheWindow: a shard that starts on a stream with
@@ -171,7 +173,7 @@ func TestRestartRebuildsTheWindow(t *testing.T) {
 	}
 	last := h.revs[len(h.revs)-1]
 
-	s, v := startShard(t, h, 20)
+	s, v, _ := startShard(t, h, 20)
 	if s.Head() != last {
 		t.Fatalf("ready at revision %d, want the stream's head %d", s.Head(), last)
 	}
@@ -238,7 +240,7 @@ func TestRestartAfterCompaction(t *testing.T) {
 	if _, err := h.etcd.Compact(t.Context(), last); err != nil {
 		t.Fatal(err)
 	}
-	s, v := startShard(t, h, 5)
+	s, v, _ := startShard(t, h, 5)
 	if s.Head() != last || testutil.ToFloat64(s.m.rebuilt) != 0 {
 		t.Fatalf("head %d, %v revisions rebuilt; want %d, 0", s.Head(), testutil.ToFloat64(s.m.rebuilt), last)
 	}

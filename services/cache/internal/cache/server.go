@@ -285,6 +285,12 @@ func (v *Server) watchStart(ctx context.Context, req *heraldv1.WatchRequest, rs 
 	}
 	after := req.AfterRevision
 	bookmarked := false
+	var release func() // the deep-replay slot, held until the window is reached
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	for {
 		start, err := rs.watchAfter(after, v.s.head.Load(), sub)
 		var old *tooOldError
@@ -297,7 +303,13 @@ func (v *Server) watchStart(ctx context.Context, req *heraldv1.WatchRequest, rs 
 			}
 			bookmarked = true
 		}
-		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, old.start, w.flush, w.addFiltered); err != nil {
+		if release == nil {
+			var err error
+			if release, err = v.s.deepSlot(ctx, w.flush); err != nil {
+				return watchStart{}, false, err
+			}
+		}
+		if err := v.s.deepReplay(ctx, rs, req.Namespace, after, old.start, w.addFiltered); err != nil {
 			return watchStart{}, false, err
 		}
 		after = old.start
