@@ -130,4 +130,3 @@ func sentRevs(sent chan *heraldv1.WatchResponse) []string {
 	}
 	return out
 }
-
