@@ -299,26 +299,43 @@ func readWatch(t *testing.T, ctx context.Context, c *http.Client, token, url str
 // and calls abort (so that a replay that is not bounded is stopped before it
 // takes the machine's memory).
 func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, bound float64) func() string {
-	done := make(chan struct{})
 	peak := make([]float64, len(procs))
+	stop := sample(ctx, 100*time.Millisecond, func() bool {
+		for i, p := range procs {
+			h, ok := heapInUse(p)
+			if !ok {
+				continue // the stack is stopping
+			}
+			peak[i] = max(peak[i], h)
+			if h > bound {
+				t.Errorf("%s: %.0f MiB of heap in use during the replays (bound %.0f MiB); what it held at its last GC:\n%s",
+					p.Name, h/(1<<20), bound/(1<<20), heapTop(p))
+				abort()
+				return false
+			}
+		}
+		return true
+	})
+	return func() string {
+		stop()
+		var out []string
+		for i, p := range procs {
+			out = append(out, fmt.Sprintf("%s %.0f MiB", p.Name, peak[i]/(1<<20)))
+		}
+		return strings.Join(out, ", ")
+	}
+}
+
+// sample calls fn now and every interval, on a goroutine of its own, until
+// fn returns false, ctx ends or the returned function is called (which
+// waits for the goroutine to end).
+func sample(ctx context.Context, interval time.Duration, fn func() bool) (stop func()) {
+	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(100 * time.Millisecond)
+		tick := time.NewTicker(interval)
 		defer tick.Stop()
-		for {
-			for i, p := range procs {
-				h, ok := heapInUse(p)
-				if !ok {
-					continue // the stack is stopping
-				}
-				peak[i] = max(peak[i], h)
-				if h > bound {
-					t.Errorf("%s: %.0f MiB of heap in use during the replays (bound %.0f MiB); what it held at its last GC:\n%s",
-						p.Name, h/(1<<20), bound/(1<<20), heapTop(p))
-					abort()
-					return
-				}
-			}
+		for fn() {
 			select {
 			case <-done:
 				return
@@ -328,14 +345,9 @@ func watchHeap(t *testing.T, ctx context.Context, abort func(), procs []*stack.P
 			}
 		}
 	})
-	return func() string {
+	return func() {
 		close(done)
 		wg.Wait()
-		var out []string
-		for i, p := range procs {
-			out = append(out, fmt.Sprintf("%s %.0f MiB", p.Name, peak[i]/(1<<20)))
-		}
-		return strings.Join(out, ", ")
 	}
 }
 
@@ -366,44 +378,27 @@ func scrape(p *stack.Proc, name string) (float64, bool) {
 // goroutines are: a replay that waits forever is a bug to diagnose, not a
 // timeout. It runs until the returned function is called.
 func watchProgress(t *testing.T, ctx context.Context, abort func(), procs []*stack.Proc, stall time.Duration) func() {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		var last float64
-		moved := time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			n, ok := scrape(procs[0], "apiserver_watch_events_total")
-			switch {
-			case !ok:
-				continue
-			case n != last:
-				last, moved = n, time.Now()
-				continue
-			case time.Since(moved) < stall:
-				continue
-			}
-			var dumps []string
-			for _, p := range procs {
-				dumps = append(dumps, "== "+p.Name+"\n"+goroutines(p))
-			}
-			t.Errorf("no watch event written for %v (%v so far): the replays stalled; goroutines:\n%s", stall, last, strings.Join(dumps, "\n"))
-			abort()
-			return
+	var last float64
+	moved := time.Now()
+	return sample(ctx, time.Second, func() bool {
+		n, ok := scrape(procs[0], "apiserver_watch_events_total")
+		switch {
+		case !ok:
+			return true
+		case n != last:
+			last, moved = n, time.Now()
+			return true
+		case time.Since(moved) < stall:
+			return true
 		}
+		var dumps []string
+		for _, p := range procs {
+			dumps = append(dumps, "== "+p.Name+"\n"+goroutines(p))
+		}
+		t.Errorf("no watch event written for %v (%v so far): the replays stalled; goroutines:\n%s", stall, last, strings.Join(dumps, "\n"))
+		abort()
+		return false
 	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }
 
 // goroutines is p's goroutine profile, identical stacks counted together.
