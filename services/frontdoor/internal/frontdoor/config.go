@@ -110,7 +110,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.HTTP2MaxStreams, "http2-max-streams-per-connection", 250, "Concurrent HTTP/2 streams per client connection.")
 	fs.IntVar(&c.GzipMinBytes, "gzip-min-bytes", 128<<10, "Responses at least this large are gzipped when the client accepts it.")
 	fs.IntVar(&c.MaxListResponse, "max-list-response-bytes", 2<<30, "Largest LIST response from the cache.")
-	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", 5*time.Second, "Time non-watch requests get to finish on SIGTERM (watches end at once; clients resume elsewhere).")
+	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", 5*time.Second, "Time non-watch requests get to finish on SIGTERM (watches end at once, cleanly; clients resume elsewhere; a watch client that does not read its stream's end is cut after it).")
 }
 
 // Validate reports configuration errors.

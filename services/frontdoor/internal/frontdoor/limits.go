@@ -2,6 +2,9 @@ package frontdoor
 
 import (
 	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // limiter bounds concurrent requests of one kind (non-watch requests, or
@@ -29,6 +32,9 @@ import (
 // connections themselves. The per-user map only holds users with slots.
 type limiter struct {
 	max, perUser int
+	// inUseGauge, when not nil, counts the slots taken
+	// (apiserver_current_inflight_requests of the limiter's kind).
+	inUseGauge prometheus.Gauge
 
 	mu    sync.Mutex
 	total int
@@ -49,7 +55,8 @@ const (
 	limitFair  = "fair-share"
 )
 
-// acquire takes a slot for user; release must be called once when ok.
+// acquire takes a slot for user; when ok, release returns it (once,
+// however often it is called).
 func (l *limiter) acquire(user string) (release func(), refused string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -64,13 +71,34 @@ func (l *limiter) acquire(user string) (release func(), refused string) {
 	}
 	l.total++
 	l.users[user] = n + 1
-	var once sync.Once
-	return func() { once.Do(func() { l.release(user) }) }, ""
+	if l.inUseGauge != nil {
+		l.inUseGauge.Inc()
+	}
+	// One small object: an established watch holds its slot for its
+	// whole life.
+	sl := &slot{l: l, user: user}
+	return sl.release, ""
+}
+
+// slot is a slot taken of l by user.
+type slot struct {
+	l        *limiter
+	user     string
+	released atomic.Bool
+}
+
+func (s *slot) release() {
+	if s.released.CompareAndSwap(false, true) {
+		s.l.release(s.user)
+	}
 }
 
 func (l *limiter) release(user string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.inUseGauge != nil {
+		l.inUseGauge.Dec()
+	}
 	l.total--
 	if n := l.users[user] - 1; n > 0 {
 		l.users[user] = n

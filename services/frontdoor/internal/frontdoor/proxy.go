@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,10 +89,51 @@ type fanoutPool struct {
 	rebalanceShare float64
 	shed           func(host string)
 	dialTimeout    time.Duration // of a probe
+	// responseTimeout: a replica's time to start its response.
+	responseTimeout time.Duration
 	// transport carries every watch to the replicas; buffers are the
 	// watches' copy buffers (see copyStream).
 	transport http.RoundTripper
 	buffers   *copyBuffers
+	// streams are the detached streams' connections and the cancels of
+	// their upstream watches: the server's shutdown (shutdown, registered
+	// with http.Server.RegisterOnShutdown) ends them (stopped), and cuts
+	// the clients that do not read their stream's end within grace.
+	grace     time.Duration
+	streamsMu sync.Mutex
+	streams   map[net.Conn]context.CancelFunc
+	stopped   bool
+	noStreams *sync.Cond // broadcast when streams empties (L: &streamsMu)
+}
+
+// waitDetached waits until every detached stream has ended (after
+// shutdown, within about grace), at most timeout; false if some had not.
+func (p *fanoutPool) waitDetached(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	wake := time.AfterFunc(timeout, func() {
+		p.streamsMu.Lock()
+		p.noStreams.Broadcast()
+		p.streamsMu.Unlock()
+	})
+	defer wake.Stop()
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	for len(p.streams) > 0 && time.Now().Before(deadline) {
+		p.noStreams.Wait()
+	}
+	return len(p.streams) == 0
+}
+
+// shutdown ends every detached stream (see streams); the others end with
+// their requests' contexts, which the server's shutdown cancels.
+func (p *fanoutPool) shutdown() {
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	p.stopped = true
+	for c, cancel := range p.streams {
+		cancel()
+		c.SetWriteDeadline(time.Now().Add(p.grace))
+	}
 }
 
 // copyBufferSize is the size of the buffer a watch borrows to copy what
@@ -211,13 +253,16 @@ type attempt struct {
 	// started runs when the replica's response starts: the watch is
 	// initialized.
 	started func()
+	// end is the request's end, which a detached stream takes over.
+	end *requestEnd
 }
 
 var errReplicaUnavailable = errors.New("replica answered 503")
 
 func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error) {
-	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1), buffers: &copyBuffers{},
-		rebalanceEvery: cfg.FanoutRebalance, rebalanceShare: cfg.FanoutRebalanceShare, dialTimeout: cfg.FanoutDialTimeout,
+	p := &fanoutPool{log: log, downFor: cfg.FanoutRetryDown, kick: make(chan struct{}, 1), buffers: &copyBuffers{}, grace: cfg.ShutdownGracePeriod,
+		responseTimeout: cfg.FanoutResponseTimeout,
+		rebalanceEvery:  cfg.FanoutRebalance, rebalanceShare: cfg.FanoutRebalanceShare, dialTimeout: cfg.FanoutDialTimeout,
 		retries: func(host string) { m.fanoutRetries.WithLabelValues(host).Inc() },
 		shed:    func(host string) { m.fanoutShed.WithLabelValues(host).Inc() }}
 	tlsCfg, err := cfg.FanoutTLS.Config(log, m.reloads)
@@ -225,11 +270,10 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		return nil, fmt.Errorf("fanout.tls: %w", err)
 	}
 	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       tlsCfg,
-		TLSHandshakeTimeout:   cfg.FanoutDialTimeout,
-		ResponseHeaderTimeout: cfg.FanoutResponseTimeout,
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: cfg.FanoutDialTimeout,
 		// Watches to one replica share HTTP/2 connections (h2c in
 		// plaintext): per-connection buffers would otherwise cost every
 		// watch. Spreading does not depend on connections: the pool picks
@@ -242,6 +286,8 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		DisableCompression: true,
 	}
 	p.transport = tr
+	p.streams = map[net.Conn]context.CancelFunc{}
+	p.noStreams = sync.NewCond(&p.streamsMu)
 	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }
 	for _, a := range cfg.fanouts() {
 		u, err := url.Parse(a)
@@ -445,11 +491,11 @@ func (p *fanoutPool) order() []*backend {
 
 // serve proxies one authorized watch, wr its parsed options; started runs
 // (at most once) when a replica's response starts.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest, started func()) {
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest, started func(), end *requestEnd) {
 	order := p.order()
 	query := wr.Query().Encode()
 	for i, b := range order {
-		at := &attempt{user: u, query: query, last: i == len(order)-1, started: started}
+		at := &attempt{user: u, query: query, last: i == len(order)-1, started: started, end: end}
 		p.proxy(b, w, r, at)
 		if at.err == nil {
 			return
@@ -480,20 +526,40 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *
 // own rules: the request goes as frontdoor parsed it, with the user's
 // identity and never the credential; a 503 or a failure before the
 // response starts is left to serve to retry on the next replica; and the
-// body is copied by copyStream. Whatever way it ends, b's open count and
-// streaming set are restored.
+// body is copied by copyStream, or by a detachedStream (see detach).
+// Whatever way it ends, b's open count and streaming set are restored.
 func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, at *attempt) {
-	ctx, cancel := context.WithCancel(r.Context())
+	// The attempt's context ends with the request (the client leaves, the
+	// server stops) while the handler serves it; a detached stream
+	// outlives the request and links those ends itself (see detach). It is
+	// not the request's child, nor does it keep its values: what a
+	// detached watch holds must not keep the request's state alive. Only
+	// the trace is carried (traceResponse links to it).
+	parent := context.Background()
+	if p.tracer != nil {
+		parent = trace.ContextWithSpanContext(parent, trace.SpanContextFromContext(r.Context()))
+	}
+	ctx, cancel := context.WithCancel(parent)
+	unlink := context.AfterFunc(r.Context(), cancel)
 	at.cancel = cancel
 	b.open.Add(1)
+	var resp *http.Response
+	detached := false
 	defer func() {
-		if at.done != nil {
-			at.done()
+		if !detached {
+			unlink()
+			endAttempt(b, resp, at.done, cancel)
 		}
-		cancel()
-		b.open.Add(-1)
 	}()
-	out := r.Clone(ctx)
+	// A new request, not r's clone: the transport keeps it for the
+	// watch's life, and a clone would keep r's state (its TLS state, its
+	// request line).
+	out, err := http.NewRequestWithContext(ctx, r.Method, "", nil)
+	if err != nil {
+		at.err = err
+		return
+	}
+	out.Header = r.Header.Clone()
 	u := *b.url
 	u.Path = strings.TrimRight(b.url.Path, "/") + r.URL.Path
 	if r.URL.RawPath != "" {
@@ -504,21 +570,29 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	// canonical encoding: fanout decodes it with the same parser and cannot
 	// read anything else into it.
 	out.URL.RawQuery = at.query
-	out.Host, out.RequestURI, out.Body, out.ContentLength, out.Close = "", "", nil, 0, false
 	dropHopHeaders(out.Header)
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
 		out.Header.Del(h)
 	}
 	setIdentity(out.Header, at.user)
 	p.rewriteTrace(out)
-	resp, err := p.transport.RoundTrip(out)
+	// The transport's ResponseHeaderTimeout would keep a timer for the
+	// watch's life; this one is dropped once the response starts.
+	timeout := time.AfterFunc(p.responseTimeout, cancel)
+	resp, err = p.transport.RoundTrip(out)
+	if !timeout.Stop() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		resp, err = nil, fmt.Errorf("no response within %s", p.responseTimeout)
+	}
 	if err != nil {
+		resp = nil
 		if r.Context().Err() == nil { // else the client left; nothing to retry
 			at.err = err
 		}
 		return
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusServiceUnavailable && !at.last {
 		at.err = errReplicaUnavailable
 		return
@@ -543,11 +617,172 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	for k, vs := range resp.Header {
 		h[k] = append(h[k][:0:0], vs...)
 	}
+	if resp.StatusCode == http.StatusOK {
+		if conn, head, ok := p.detach(w, r, at); ok {
+			// The request's context ends when the handler returns: the
+			// stream links the attempt's ends itself from now on.
+			unlink()
+			detached = true
+			at.end.detach(http.StatusOK)
+			// The transport keeps the response for the watch's life; its
+			// headers are the client's now.
+			resp.Header = nil
+			// The stream keeps only what it releases (not the attempt,
+			// its user and query).
+			ds := &detachedStream{p: p, conn: conn, resp: resp, cancel: cancel, b: b, unregister: at.done, end: at.end}
+			go ds.run(head)
+			return
+		}
+	}
 	w.WriteHeader(resp.StatusCode)
 	if err := p.copyStream(w, resp.Body); err != nil && r.Context().Err() == nil {
 		// The client could not be written to: as the reverse proxy does,
 		// abort its connection rather than end the response cleanly.
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// endAttempt releases what an attempt on b holds: its response (nil: none),
+// its place in b's streaming set (unregister, nil: none), its context and
+// its place in b's open count.
+func endAttempt(b *backend, resp *http.Response, unregister func(), cancel context.CancelFunc) {
+	if resp != nil {
+		resp.Body.Close()
+	}
+	if unregister != nil {
+		unregister()
+	}
+	cancel()
+	b.open.Add(-1)
+}
+
+// detach takes over the connection of a watch whose response starts (200,
+// headers in w.Header()) and returns it with the response's head, for a
+// detachedStream to serve on its own goroutine, so that the handler can return:
+// net/http then frees what it holds for the connection and the request
+// (its read and write buffers, 4 KB each, the response's 2 KB, the
+// request's state), which an idle watch would otherwise hold for its whole
+// life. Only an HTTP/1.1 GET's connection can be taken over (net/http's
+// Hijack); false leaves the response to w.
+//
+// A detached stream keeps every rule of the handler's: each read of the
+// replica's body reaches the client at once; the client leaving (its
+// connection's read side ends) cancels the upstream request; a failed
+// write aborts the connection; the server shutting down (Shutdown, through
+// RegisterOnShutdown: net/http no longer tracks the connection) ends the
+// stream at once, cleanly, and a client that does not read it is cut after
+// the shutdown grace period. Unlike net/http, it does not keep the
+// connection alive after the watch (Connection: close): the client's next
+// watch starts on a new one, possibly on another frontdoor.
+func (p *fanoutPool) detach(w http.ResponseWriter, r *http.Request, at *attempt) (net.Conn, []byte, bool) {
+	if at.end == nil || at.end.detached == nil || r.Method != http.MethodGet || r.ProtoMajor != 1 || r.ProtoMinor < 1 {
+		return nil, nil, false
+	}
+	h := w.Header()
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, nil, false // not an HTTP/1.1 connection's (HTTP/2, a test's recorder)
+	}
+	// The buffered reader net/http hands over holds nothing of the watch
+	// (a GET has no body); anything a client pipelined after it is dropped
+	// with the connection, which the response says is closing.
+	p.streamsMu.Lock()
+	p.streams[conn] = at.cancel
+	if p.stopped { // shutdown has gone through the streams
+		at.cancel()
+		conn.SetWriteDeadline(time.Now().Add(p.grace))
+	}
+	p.streamsMu.Unlock()
+	h.Del("Content-Length")
+	h.Set("Transfer-Encoding", "chunked")
+	h.Set("Connection", "close")
+	if _, ok := h["Date"]; !ok {
+		h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	}
+	head := bytes.NewBufferString("HTTP/1.1 200 OK\r\n")
+	h.Write(head) // a bytes.Buffer does not fail
+	head.WriteString("\r\n")
+	return conn, head.Bytes(), true
+}
+
+// chunkRoom is the room a detachedStream leaves before a read for its chunk-size line
+// (hex digits and CRLF) and after it for the chunk's CRLF.
+const chunkRoom = 10
+
+// detachedStream is a watch's stream served on its own connection (see
+// detach): what it writes, and what it releases when it ends.
+type detachedStream struct {
+	p          *fanoutPool
+	conn       net.Conn
+	resp       *http.Response // the replica's, whose body is streamed
+	cancel     context.CancelFunc
+	b          *backend
+	unregister func() // from b's streaming set (nil: none)
+	end        *requestEnd
+	dropped    [16]byte // what the client sends, read and dropped
+}
+
+// run writes head and then the replica's body to the connection, each read
+// of the body as one HTTP/1.1 chunk written at once (as net/http writes a
+// flushed chunked response); the body's end ends the stream cleanly (the
+// last chunk), a failed write aborts it. Like copyStream it waits for data
+// without a buffer. It then closes the connection and ends the attempt and
+// the request.
+func (s *detachedStream) run(head []byte) {
+	p := s.p
+	defer func() {
+		s.conn.Close()
+		endAttempt(s.b, s.resp, s.unregister, s.cancel)
+		s.end.run()
+		p.streamsMu.Lock()
+		delete(p.streams, s.conn)
+		if len(p.streams) == 0 {
+			p.noStreams.Broadcast()
+		}
+		p.streamsMu.Unlock()
+	}()
+	go s.readClient()
+	if _, err := s.conn.Write(head); err != nil {
+		return
+	}
+	body := s.resp.Body
+	for {
+		if _, err := body.Read(nil); err != nil {
+			break
+		}
+		buf := p.buffers.Get()
+		n, rerr := body.Read(buf[chunkRoom : len(buf)-2])
+		var werr error
+		if n > 0 {
+			var size [8]byte
+			hex := strconv.AppendUint(size[:0], uint64(n), 16)
+			from := chunkRoom - len(hex) - 2
+			copy(buf[from:], hex)
+			buf[chunkRoom-2], buf[chunkRoom-1] = '\r', '\n'
+			buf[chunkRoom+n], buf[chunkRoom+n+1] = '\r', '\n'
+			_, werr = s.conn.Write(buf[from : chunkRoom+n+2])
+		}
+		p.buffers.Put(buf)
+		if werr != nil {
+			return
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	s.conn.Write([]byte("0\r\n\r\n"))
+}
+
+// readClient reads the connection until its read side ends (the client
+// left, or run closed it), then cancels the upstream watch: net/http reads
+// a connection while its handler runs for the same reason. What the client
+// sends meanwhile is dropped.
+func (s *detachedStream) readClient() {
+	for {
+		if _, err := s.conn.Read(s.dropped[:]); err != nil {
+			s.cancel()
+			return
+		}
 	}
 }
 

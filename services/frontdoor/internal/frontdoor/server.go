@@ -54,7 +54,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -151,6 +150,8 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
 		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
+	s.requests.inUseGauge = m.currentInflight.WithLabelValues("readOnly")
+	s.watches.inUseGauge = m.currentInflight.WithLabelValues("watch")
 	watch := func(r reloadable) {
 		s.loaded = append(s.loaded, r)
 		ok := m.reloadOK.WithLabelValues(r.Name())
@@ -272,7 +273,7 @@ func (s *Server) HTTPServer() *http.Server {
 	if s.authn.clientCAs != nil {
 		tc.ClientAuth = tls.RequestClientCert
 	}
-	return &http.Server{
+	srv := &http.Server{
 		Handler:   s,
 		TLSConfig: tc,
 		// Bounds the TLS handshake and the request headers together: a
@@ -285,7 +286,15 @@ func (s *Server) HTTPServer() *http.Server {
 		// each at the default level.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	// Detached watches (fanoutPool.detach) are no longer net/http's to end.
+	srv.RegisterOnShutdown(s.fanout.shutdown)
+	return srv
 }
+
+// WaitWatches waits, at most timeout, until the watches whose streams
+// were detached from net/http (fanoutPool.detach) have ended: the server's
+// Shutdown ends them, but does not wait for them as it does for handlers.
+func (s *Server) WaitWatches(timeout time.Duration) bool { return s.fanout.waitDetached(timeout) }
 
 // statusRecorder captures the response code for metrics and the audit log,
 // and bounds the time the response may take to write.
@@ -337,6 +346,42 @@ func (r *statusRecorder) armDeadline() {
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// requestEnd is what a request does when it ends (release its slots,
+// log its audit line): when its handler returns, or, for a watch whose
+// stream was detached from its handler (fanoutPool.proxy), when the stream
+// ends.
+type requestEnd struct {
+	fns []func()
+	// detached, when not nil, marks a request whose stream may be
+	// detached; it is called, with the response's status, when it is.
+	detached func(code int)
+	// streaming: the stream was detached and runs the request's end.
+	streaming bool
+}
+
+// add has f run when the request ends, before what was added earlier (as
+// defer does).
+func (e *requestEnd) add(f func()) { e.fns = append(e.fns, f) }
+
+// detach hands the request's end to a stream that outlives the handler.
+func (e *requestEnd) detach(code int) {
+	e.streaming = true
+	e.detached(code)
+}
+
+// handlerReturned ends the request, unless its stream was detached.
+func (e *requestEnd) handlerReturned() {
+	if !e.streaming {
+		e.run()
+	}
+}
+
+func (e *requestEnd) run() {
+	for i := len(e.fns) - 1; i >= 0; i-- {
+		e.fns[i]()
+	}
+}
+
 // auditEntry is what the audit line says about one request.
 type auditEntry struct {
 	user, authn, verb, resource, ns, reason string
@@ -347,7 +392,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
-	defer func() {
+	end := &requestEnd{}
+	defer end.handlerReturned()
+	path := r.URL.Path // not r: a detached watch's end must not keep the request
+	end.add(func() {
 		code := rec.code
 		if code == 0 {
 			code = http.StatusOK
@@ -359,7 +407,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", ae.resource, "namespace", ae.ns,
-			"path", r.URL.Path, "code", code, "duration", time.Since(start).Round(time.Microsecond)}
+			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond)}
 		if ae.authn != "" {
 			attrs = append(attrs, "authn", ae.authn)
 		}
@@ -371,7 +419,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			attrs = append(attrs, "reason", ae.reason)
 		}
 		s.log.Info("audit", attrs...)
-	}()
+	})
 
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		kube.WriteStatus(rec, errBodyTooLarge(s.cfg.MaxBodyBytes))
@@ -468,8 +516,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		// The initialization holds a request slot until a replica has
-		// started the stream; the established watch only its watch slot
-		// (see limiter).
+		// started the stream (at the latest until the handler returns);
+		// the established watch only its watch slot (see limiter), which
+		// is released when the watch ends (end): after its handler
+		// returns if its stream is detached.
 		initDone, ok := s.admit(rec, s.requests, "readOnly", u)
 		if !ok {
 			return
@@ -479,10 +529,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		defer release()
-		s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Inc()
-		defer s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID()).Dec()
-		s.fanout.serve(rec, r, u, wr, initDone)
+		end.add(release)
+		open := s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID())
+		open.Inc()
+		end.add(open.Dec)
+		end.detached = func(code int) {
+			rec.code = code
+			// The recorder outlives the handler (the audit line reads it):
+			// it must not keep net/http's response, and through it the
+			// connection's buffers, alive.
+			rec.ResponseWriter = nil
+		}
+		s.fanout.serve(rec, r, u, wr, initDone, end)
 		return
 	}
 	req, err := listRequest(info, q)
@@ -527,7 +585,7 @@ func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
 // admit takes a slot of l for u, or answers 429. The returned release may
 // be called more than once.
 func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) (func(), bool) {
-	release, refused := l.acquire(u.Name)
+	release, refused := l.acquire(u.Name) // counted in currentInflight by l
 	if refused != "" {
 		s.m.rejected.WithLabelValues(kind, refused).Inc()
 		msg := "Too many requests, please try again later."
@@ -537,10 +595,7 @@ func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) 
 		kube.WriteStatus(w, errTooMany(msg))
 		return nil, false
 	}
-	g := s.m.currentInflight.WithLabelValues(kind)
-	g.Inc()
-	var once sync.Once
-	return func() { once.Do(func() { g.Dec(); release() }) }, true
+	return release, true
 }
 
 // identityMetadata tells the cache who asks (for its logs and, once it

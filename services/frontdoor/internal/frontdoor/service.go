@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
@@ -79,6 +80,15 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		go handler.Run(ctx)
 		return srv.Serve(ctx)
 	}
-	stopping := func(error) error { return errors.Join(srv.Shutdown(), conns.Close()) }
+	stopping := func(error) error {
+		err := srv.Shutdown()
+		// Detached watches end with Shutdown, cleanly unless their client
+		// does not read (then within the grace period): not cut by the
+		// process's exit.
+		if !handler.WaitWatches(cfg.ShutdownGracePeriod + time.Second) {
+			p.Log.Warn("watches still open after the shutdown grace period")
+		}
+		return errors.Join(err, conns.Close())
+	}
 	return service.NewService("frontdoor", starting, running, stopping), nil
 }
