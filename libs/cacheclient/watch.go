@@ -311,7 +311,9 @@ func (m *merge) add(shard int, evs []*heraldv1.Event, through int64) {
 	}
 }
 
-func eventBytes(ev *heraldv1.Event) int64 { return int64(len(ev.Object) + len(ev.PrevObject)) }
+func eventBytes(ev *heraldv1.Event) int64 {
+	return int64(len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf))
+}
 
 // lagging is the shard that holds the others back: the one with the lowest
 // through.

@@ -107,8 +107,23 @@ func NewDecoder(enc *storage.Encryption) (*Decoder, error) {
 // r's layout parsed the key) with mod revision rev. On failure it returns a
 // *DecodeError and no object: nothing of a value that failed is ever served.
 func (d *Decoder) Decode(ctx context.Context, r *Resource, key, namespace, name string, value []byte, rev int64) (*Object, error) {
-	fail := func(reason string, err error) (*Object, error) {
-		return nil, &DecodeError{Reason: reason, err: err}
+	o, _, err := d.decode(ctx, r, key, namespace, name, value, rev, false)
+	return o, err
+}
+
+// DecodeWithProtobuf is Decode, and also returns the object as
+// kube-apiserver's protobuf serializer writes it (nil for a custom
+// resource, which has none, or if it does not encode). The typed object is
+// at hand only here: encoding it now costs a fraction of what decoding the
+// JSON again costs every protobuf watch later. The bytes are not part of
+// the Object, so that a cache's state does not hold them for every object.
+func (d *Decoder) DecodeWithProtobuf(ctx context.Context, r *Resource, key, namespace, name string, value []byte, rev int64) (*Object, []byte, error) {
+	return d.decode(ctx, r, key, namespace, name, value, rev, true)
+}
+
+func (d *Decoder) decode(ctx context.Context, r *Resource, key, namespace, name string, value []byte, rev int64, withProtobuf bool) (*Object, []byte, error) {
+	fail := func(reason string, err error) (*Object, []byte, error) {
+		return nil, nil, &DecodeError{Reason: reason, err: err}
 	}
 	if len(value) == 0 {
 		return fail(ReasonEmpty, fmt.Errorf("%s %q at revision %d: no value", r.ID(), key, rev))
@@ -147,7 +162,13 @@ func (d *Decoder) Decode(ctx context.Context, r *Resource, key, namespace, name 
 	}
 	o := &Object{Namespace: namespace, Name: name, Rev: rev, JSON: js, Labels: so.Labels, rvStart: start, rvEnd: end}
 	o.Fields = r.fieldSet(namespace, name, so.Fields, js)
-	return o, nil
+	var pb []byte
+	if withProtobuf && r.custom == nil {
+		// A kind without protobuf (or an object that does not encode)
+		// leaves the protobuf watch to its own encoding, from the JSON.
+		pb, _ = so.Protobuf()
+	}
+	return o, pb, nil
 }
 
 // fieldSet is the selectable fields of an object of r: metadata.name and

@@ -109,6 +109,40 @@ func TestDecodeAsKubeAPIServer(t *testing.T) {
 				t.Errorf("%s: selectable field %s missing from %v", tt.key, f.Name, o.Fields)
 			}
 		}
+		checkProtobuf(t, d, r, tt.key, tt.ns, tt.name, stored, 41, k.ServesProtobuf(t, r.Stored(), tt.obj, 41))
+	}
+}
+
+// checkProtobuf: DecodeWithProtobuf gives Decode's object and the
+// protobuf want, which is also what fanout makes from the JSON alone
+// (decode it as the served kind, encode that): a protobuf watcher gets the
+// same bytes whichever way its event was made.
+func checkProtobuf(t *testing.T, d *Decoder, r *Resource, key, ns, name string, stored []byte, rev int64, want []byte) {
+	t.Helper()
+	o, err := d.Decode(context.Background(), r, key, ns, name, stored, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o2, pb, err := d.DecodeWithProtobuf(context.Background(), r, key, ns, name, stored, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(o2.JSON) != string(o.JSON) || o2.Rev != o.Rev {
+		t.Errorf("%s: DecodeWithProtobuf's object %s, Decode's %s", key, o2.JSON, o.JSON)
+	}
+	if !bytes.Equal(pb, want) {
+		t.Errorf("%s: protobuf %q, want %q", key, pb, want)
+	}
+	served, err := d.codec.DecodeServed(r.GroupVersionKind(), o.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromJSON, err := d.codec.Encode(storage.MediaProtobuf, false, served)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(pb, fromJSON) {
+		t.Errorf("%s: protobuf %q, made from the JSON %q", key, pb, fromJSON)
 	}
 }
 
@@ -132,6 +166,17 @@ func TestDecodeHandWrittenJSON(t *testing.T) {
 		o.Fields["spec.hostNetwork"] != "true" || o.Fields["metadata.namespace"] != "default" {
 		t.Fatalf("labels %v fields %v", o.Labels, o.Fields)
 	}
+	// A JSON value's protobuf is the served object's (kube-apiserver's
+	// serializer writes "containers":null, protobuf nothing).
+	served, err := d.codec.DecodeServed(pods.GroupVersionKind(), o.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPB, err := d.codec.EncodeProtobuf(served)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkProtobuf(t, d, pods, "/registry/pods/default/web-0", "default", "web-0", []byte(in), 17, wantPB)
 	del := o.WithRev(20)
 	if !strings.Contains(string(del), `"resourceVersion":"20"`) || !strings.Contains(string(o.JSON), `"resourceVersion":"17"`) {
 		t.Fatalf("WithRev: %s / %s", del, o.JSON)
@@ -164,6 +209,11 @@ func TestDecodeCustomResource(t *testing.T) {
 	}
 	if o.Fields["spec.size"] != "large" || o.Fields["spec.count"] != "1234567890123456789" || o.Fields["spec.on"] != "true" {
 		t.Fatalf("fields %v", o.Fields)
+	}
+	// A custom resource has no protobuf: protobuf watches are not
+	// offered for it.
+	if o2, pb, err := d.DecodeWithProtobuf(context.Background(), w, "/registry/example.com/widgets/shop/w", "shop", "w", []byte(in), 9); err != nil || pb != nil || string(o2.JSON) != want {
+		t.Fatalf("DecodeWithProtobuf = %s, %q, %v", o2.JSON, pb, err)
 	}
 }
 

@@ -15,6 +15,17 @@ type ValueDecoder interface {
 
 var _ ValueDecoder = (*kube.Decoder)(nil)
 
+// ProtobufDecoder is a ValueDecoder that can also give a PUT's object in
+// kube-apiserver's protobuf encoding (kube.Decoder): Event then sets the
+// event's object_protobuf, so that fanout builds protobuf watch frames
+// without decoding the JSON again.
+type ProtobufDecoder interface {
+	ValueDecoder
+	DecodeWithProtobuf(ctx context.Context, r *kube.Resource, key, namespace, name string, value []byte, rev int64) (*kube.Object, []byte, error)
+}
+
+var _ ProtobufDecoder = (*kube.Decoder)(nil)
+
 // Event makes the watch event of change c, at revision rev, to the object
 // name in namespace of resource r (as the registry parsed c.Key), reading
 // stored values with dec (the consumer's one way to decode a value). prev
@@ -33,7 +44,11 @@ func Event(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespace, n
 	ev = &heraldv1.Event{Revision: rev, Namespace: namespace, Name: name}
 	switch c.Kind {
 	case heraldv1.Change_PUT:
-		obj, err = dec.Decode(ctx, r, c.Key, namespace, name, c.Value, rev)
+		if pd, ok := dec.(ProtobufDecoder); ok {
+			obj, ev.ObjectProtobuf, err = pd.DecodeWithProtobuf(ctx, r, c.Key, namespace, name, c.Value, rev)
+		} else {
+			obj, err = dec.Decode(ctx, r, c.Key, namespace, name, c.Value, rev)
+		}
 		if err != nil {
 			return nil, nil, err
 		}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -91,7 +92,16 @@ func TestEvent(t *testing.T) {
 			if tc.wantPrev && ev.PrevLabels["app"] != "x" {
 				t.Errorf("%s: previous labels %v", tc.name, ev.PrevLabels)
 			}
+			// The new object's protobuf travels with it (kube.Decoder
+			// makes it); its exact bytes are libs/kube's test.
+			if !bytes.HasPrefix(ev.ObjectProtobuf, []byte("k8s\x00")) {
+				t.Errorf("%s: no protobuf of the object: %q", tc.name, ev.ObjectProtobuf)
+			}
 		case heraldv1.EventType_DELETED:
+			// Never the protobuf of another object than the event's.
+			if ev.ObjectProtobuf != nil {
+				t.Errorf("%s: DELETED event with protobuf %q", tc.name, ev.ObjectProtobuf)
+			}
 			// The deleted object as it last was, at the delete's revision.
 			want := old.WithRev(10)
 			if string(ev.Object) != string(want) || ev.Labels["app"] != "x" {

@@ -98,6 +98,20 @@ func (k *KubeAPIServer) Serves(t testing.TB, res *storage.Resource, obj runtime.
 	return strings.TrimSuffix(string(b), "\n")
 }
 
+// ServesProtobuf is kube-apiserver's protobuf of obj of res at revision
+// rev (the envelope a protobuf client reads as a watch event's object).
+func (k *KubeAPIServer) ServesProtobuf(t testing.TB, res *storage.Resource, obj runtime.Object, rev int64) []byte {
+	t.Helper()
+	obj = obj.DeepCopyObject()
+	obj.GetObjectKind().SetGroupVersionKind(res.ServedGVK())
+	obj.(metav1.Object).SetResourceVersion(strconv.FormatInt(rev, 10))
+	b, err := k.codec.EncodeProtobuf(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // UnknownKind is a well-formed protobuf envelope of a kind no scheme knows
 // (example.com/v1 Gadget).
 func UnknownKind(t testing.TB) []byte {

@@ -374,9 +374,19 @@ type Event struct {
 	// tracing; empty otherwise (and for synthetic events). Ingest carries the
 	// same context on the JetStream message header "traceparent", so one
 	// event is one trace across every hop. Never part of what clients see.
-	Traceparent   string `protobuf:"bytes,12,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Traceparent string `protobuf:"bytes,12,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// object exactly as kube-apiserver's protobuf serializer writes it (the
+	// "k8s\x00" envelope around runtime.Unknown), made by the cache from the
+	// object it decoded, when it has it: set on the ADDED and MODIFIED
+	// events of built-in kinds the cache applied from the stream (its window),
+	// empty otherwise (DELETED events, custom resources, initial state, deep
+	// replays). A protobuf watcher's frame
+	// is then built from these bytes instead of decoding object's JSON again
+	// (the most expensive step of a protobuf watch event). Never part of what
+	// JSON clients see.
+	ObjectProtobuf []byte `protobuf:"bytes,13,opt,name=object_protobuf,json=objectProtobuf,proto3" json:"object_protobuf,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -491,6 +501,13 @@ func (x *Event) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *Event) GetObjectProtobuf() []byte {
+	if x != nil {
+		return x.ObjectProtobuf
+	}
+	return nil
 }
 
 type ListRequest struct {
@@ -907,7 +924,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03PUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x02\"\xee\x05\n" +
+	"\x06DELETE\x10\x02\"\x97\x06\n" +
 	"\x05Event\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.herald.v1.EventTypeR\x04type\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
@@ -924,7 +941,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	" \x03(\v2 .herald.v1.Event.PrevFieldsEntryR\n" +
 	"prevFields\x12,\n" +
 	"\x12observed_unix_nano\x18\v \x01(\x03R\x10observedUnixNano\x12 \n" +
-	"\vtraceparent\x18\f \x01(\tR\vtraceparent\x1a9\n" +
+	"\vtraceparent\x18\f \x01(\tR\vtraceparent\x12'\n" +
+	"\x0fobject_protobuf\x18\r \x01(\fR\x0eobjectProtobuf\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

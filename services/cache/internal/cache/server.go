@@ -388,7 +388,7 @@ func (w *watchSender) add(ev *heraldv1.Event) error {
 		}
 	}
 	w.events = append(w.events, ev)
-	w.bytes += len(ev.Object) + len(ev.PrevObject)
+	w.bytes += len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf)
 	return nil
 }
 

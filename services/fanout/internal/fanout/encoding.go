@@ -159,6 +159,11 @@ func (e *encoder) objectLocked(it *item, f format, prev bool) ([]byte, error) {
 	}
 	var obj runtime.Object
 	switch {
+	case f.mt == storage.MediaProtobuf && f.as == "" && !prev && len(it.ev.ObjectProtobuf) > 0 && !e.custom:
+		// The cache encoded it from the object it decoded: the same
+		// bytes as decoding the JSON and encoding that, without the
+		// JSON decode (most of a protobuf watch event's cost).
+		return it.ev.ObjectProtobuf, nil
 	case f.as == storage.KindPartialObjectMetadata:
 		p, err := storage.Metadata(data, e.custom, f.gv)
 		if err != nil {

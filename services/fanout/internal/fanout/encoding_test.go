@@ -117,6 +117,46 @@ func TestEncodedOncePerEvent(t *testing.T) {
 	}
 }
 
+// A protobuf watcher's event is framed around the cache's protobuf of the
+// object when the event carries one (the object itself, never its previous
+// state), and the JSON is decoded only when it does not.
+func TestProtobufFromCache(t *testing.T) {
+	pods := &kube.Resource{Version: "v1", Kind: "Pod", Plural: "pods", Namespaced: true}
+	e := testEncoder(t, pods)
+	obj, err := e.codec.DecodeServed(e.gvk, []byte(podJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := must(e.codec.EncodeProtobuf(obj))
+	// A marker the JSON could never encode to: the frame must carry the
+	// cache's bytes, not a new encoding.
+	fromCache := append([]byte("k8s\x00"), "cache's own encoding"...)
+	it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "default", Name: "web-0",
+		Object: []byte(podJSON), PrevObject: []byte(podJSON), ObjectProtobuf: fromCache})
+	pb := format{mt: storage.MediaProtobuf}
+	if ev := frame(t, must(e.encoded(it, pb, kube.AsModified, false))); ev.Type != "MODIFIED" || !bytes.Equal(ev.Object.Raw, fromCache) {
+		t.Fatalf("MODIFIED: %s %q, want the cache's %q", ev.Type, ev.Object.Raw, fromCache)
+	}
+	if ev := frame(t, must(e.encoded(it, pb, kube.AsDeletedPrev, false))); ev.Type != "DELETED" || !bytes.Equal(ev.Object.Raw, want) {
+		t.Fatalf("DELETED of the previous object: %s %q, want %q", ev.Type, ev.Object.Raw, want)
+	}
+	// Other formats of the object never take the protobuf bytes.
+	line := string(must(e.encoded(it, jsonLines, kube.AsModified, false)))
+	if line != `{"type":"MODIFIED","object":`+podJSON+"}\n" {
+		t.Fatalf("JSON line %q", line)
+	}
+	meta := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion}, kube.AsModified, false)))
+	if bytes.Contains(meta.Object.Raw, []byte("cache's own")) || !bytes.Contains(meta.Object.Raw, []byte("PartialObjectMetadata")) {
+		t.Fatalf("metadata: %q", meta.Object.Raw)
+	}
+	// Without it, the object is made from the JSON (initial state,
+	// replays, DELETED events).
+	plain := newItem(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 12, Namespace: "default", Name: "web-0", Object: []byte(podJSON)})
+	if ev := frame(t, must(e.encoded(plain, pb, kube.AsAdded, false))); !bytes.Equal(ev.Object.Raw, want) {
+		t.Fatalf("ADDED from JSON: %q, want %q", ev.Object.Raw, want)
+	}
+}
+
 func must(b []byte, err error) []byte {
 	if err != nil {
 		panic(err)
@@ -195,5 +235,38 @@ func TestNegotiateWatch(t *testing.T) {
 		if err != nil || f != tc.want || f.contentType() != tc.ct {
 			t.Errorf("%s %q: %+v %v, want %+v (%s)", tc.res.Plural, tc.accept, f, err, tc.want, tc.ct)
 		}
+	}
+}
+
+// BenchmarkProtobufEvent: the fanout's cost of one event's protobuf frame,
+// made once per event and shared by its watchers: from the cache's
+// JSON (decode into the typed object, encode it) or around the cache's own
+// protobuf of the object (object_protobuf). Compare with benchstat.
+func BenchmarkProtobufEvent(b *testing.B) {
+	pods := &kube.Resource{Version: "v1", Kind: "Pod", Plural: "pods", Namespaced: true}
+	codec, err := storage.NewCodec(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	gvk := pods.GroupVersionKind()
+	e := &encoder{codec: codec, res: pods, gvk: gvk, now: time.Now, log: slog.New(slog.DiscardHandler)}
+	obj, err := codec.DecodeServed(gvk, []byte(podJSON))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pb := must(codec.EncodeProtobuf(obj))
+	for _, tc := range []struct {
+		name string
+		pb   []byte
+	}{{"fromJSON", nil}, {"fromCache", pb}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Object: []byte(podJSON), ObjectProtobuf: tc.pb})
+				if _, err := e.encoded(it, format{mt: storage.MediaProtobuf}, kube.AsModified, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

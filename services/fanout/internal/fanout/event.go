@@ -38,7 +38,7 @@ func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }
 // received, about as much again once encoded for watchers, and the labels,
 // fields and bookkeeping.
 func (it *item) cost() int {
-	return 2*(len(it.ev.Object)+len(it.ev.PrevObject)) + 512
+	return 2*(len(it.ev.Object)+len(it.ev.PrevObject)) + len(it.ev.ObjectProtobuf) + 512
 }
 
 var typeNames = [...]string{kube.AsAdded: "ADDED", kube.AsModified: "MODIFIED", kube.AsDeleted: "DELETED", kube.AsDeletedPrev: "DELETED"}
