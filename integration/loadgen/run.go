@@ -95,7 +95,12 @@ type Runner struct {
 	// Metrics reads the target's Stages (admin ports); nil means
 	// http.DefaultClient.
 	Metrics *http.Client
-	next    int // next pod to write
+	// Idle, when set, measures each server process's CPU over this long
+	// with every watcher open and no writes (timers, bookmarks, keepalives,
+	// metrics: what the servers cost a fleet of idle watchers), logged
+	// before the warm-up.
+	Idle time.Duration
+	next int // next pod to write
 }
 
 // Run runs one workload: open the watchers idle (memory), write for
@@ -207,6 +212,17 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	for name, h := range heap1 {
 		res.HeapPerWatcher[name] = (float64(h) - float64(heap0[name])) / float64(max(res.Watchers, 1))
 		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / float64(max(res.Watchers, 1))
+	}
+
+	if r.Idle > 0 {
+		c0 := r.cpu()
+		time.Sleep(r.Idle)
+		c1 := r.cpu()
+		idle := map[string]float64{}
+		for name, v := range c1 {
+			idle[name] = v - c0[name]
+		}
+		r.Log.Info("idle CPU by process (ms)", "target", t.Name, "workload", w.Name, "over", r.Idle, "cpu", idle)
 	}
 
 	// Warm up: the same writes for a few seconds, not measured, so that
