@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	clientscheme "k8s.io/client-go/kubernetes/scheme"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	kjson "sigs.k8s.io/json"
 )
 
 // protobufPrefix starts every protobuf value kube-apiserver writes: the
@@ -274,8 +275,15 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 			}
 			return nil, schema.GroupVersionKind{}, ErrUnknownKind, fmt.Errorf("stored %v", gvk)
 		}
-		out, _, err := c.json.Decode(data, &want, nil)
+		// What the (non-strict) serializer's Decode does for this kind,
+		// without reading apiVersion and kind a second time: Interpret
+		// above scanned the whole value once already (on every event of
+		// a JSON-stored resource).
+		out, err := c.scheme.New(want)
 		if err != nil {
+			return nil, schema.GroupVersionKind{}, ErrUnknownKind, err
+		}
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(data, out); err != nil {
 			return nil, schema.GroupVersionKind{}, ErrCorrupt, err
 		}
 		return out, want, nil, nil

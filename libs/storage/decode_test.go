@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"testing"
 
@@ -291,6 +292,32 @@ func TestDecodeJSON(t *testing.T) {
 	}
 	if got.Fields["spec.nodeName"] != "n1" {
 		t.Errorf("fields %v", got.Fields)
+	}
+
+	// The typed JSON path decodes what the serializer's Decode does (it
+	// skips the serializer's second reading of apiVersion and kind),
+	// including what the serializer keeps of odd values: unknown fields,
+	// big integers, nulls, a field named in another case.
+	for _, v := range []string{
+		string(stored),
+		`{"metadata":{"name":"web-0","namespace":"default"},"spec":{"nodeName":"n1"}}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"default","labels":null,"generation":12345678901234},"spec":{"NodeName":"x","unknown":{"a":1},"activeDeadlineSeconds":7},"status":null}`,
+	} {
+		got, _, kind, err := c.decodeJSON(pods, []byte(v))
+		if kind != nil || err != nil {
+			t.Fatalf("%s: %v %v", v, kind, err)
+		}
+		sgvk := pods.StorageGVK()
+		want, _, err := c.json.Decode([]byte(v), &sgvk, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: decoded %#v\nserializer %#v", v, got, want)
+		}
+	}
+	if _, _, kind, _ := c.decodeJSON(pods, []byte(`{"kind":"Pod","spec":{"nodeName":1}}`)); kind != ErrCorrupt {
+		t.Errorf("a value of the wrong type: %v, want ErrCorrupt", kind)
 	}
 
 	// Custom resources decode into unstructured objects, any stored version.
