@@ -539,7 +539,8 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	if p.tracer != nil {
 		parent = trace.ContextWithSpanContext(parent, trace.SpanContextFromContext(r.Context()))
 	}
-	ctx, cancel := context.WithCancel(parent)
+	ctx := newStreamContext(parent)
+	cancel := ctx.cancel
 	unlink := context.AfterFunc(r.Context(), cancel)
 	at.cancel = cancel
 	b.open.Add(1)
@@ -576,6 +577,11 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	}
 	setIdentity(out.Header, at.user)
 	p.rewriteTrace(out)
+	// The transport keeps the request for the watch's life: its headers
+	// are copied anew, so that the values dropped above (the client's
+	// credential: a service account's token is ~1 KB) are not kept with
+	// them.
+	out.Header = out.Header.Clone()
 	// The transport's ResponseHeaderTimeout would keep a timer for the
 	// watch's life; this one is dropped once the response starts.
 	timeout := time.AfterFunc(p.responseTimeout, cancel)
@@ -639,6 +645,43 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 		// The client could not be written to: as the reverse proxy does,
 		// abort its connection rather than end the response cleanly.
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// streamContext is the context of a watch's upstream request: done once
+// cancelled (never by a deadline), with its parent's values. It is
+// context.WithCancel's without what that keeps for a watch's whole life:
+// the transport derives a context of the request's for each round trip and
+// ends it once the response starts, which leaves a WithCancel parent its
+// map of children, empty, and the func WithCancel returns (~300 B per idle
+// watch). A context derived from this one is followed by a goroutine until
+// the transport ends it (context.WithCancel's rule for contexts of other
+// types).
+type streamContext struct {
+	context.Context // the parent, whose values it has; never done
+	done            chan struct{}
+	cancelled       atomic.Bool
+}
+
+func newStreamContext(parent context.Context) *streamContext {
+	return &streamContext{Context: parent, done: make(chan struct{})}
+}
+
+func (c *streamContext) Done() <-chan struct{} { return c.done }
+
+func (c *streamContext) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// cancel ends the context; it may be called more than once.
+func (c *streamContext) cancel() {
+	if c.cancelled.CompareAndSwap(false, true) {
+		close(c.done)
 	}
 }
 

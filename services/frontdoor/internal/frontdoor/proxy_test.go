@@ -157,3 +157,79 @@ func TestIdleWatchHoldsNoCopyBuffer(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamContext: a watch's upstream context is done once cancelled
+// (any number of times), with context.Canceled, has its parent's values,
+// and ends what is derived from it, before and after it is cancelled (as
+// the transport derives a context of it for each round trip).
+func TestStreamContext(t *testing.T) {
+	type key struct{}
+	ctx := newStreamContext(context.WithValue(context.Background(), key{}, "trace"))
+	if ctx.Value(key{}) != "trace" {
+		t.Fatalf("value: %v, want the parent's", ctx.Value(key{}))
+	}
+	if _, ok := ctx.Deadline(); ok {
+		t.Fatal("a deadline, want none")
+	}
+	child, cancelChild := context.WithCancelCause(ctx)
+	ended, stop := context.WithCancel(ctx)
+	defer stop()
+	cancelChild(nil) // the transport ends its own once the response starts
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("ended with its child: %v", err)
+	}
+	select {
+	case <-ctx.Done():
+		t.Fatal("done before cancel")
+	default:
+	}
+	ctx.cancel()
+	ctx.cancel()
+	<-ctx.Done()
+	if err := ctx.Err(); err != context.Canceled {
+		t.Fatalf("Err: %v, want context.Canceled", err)
+	}
+	<-ended.Done() // derived before the cancel
+	if err := ended.Err(); err != context.Canceled {
+		t.Fatalf("derived context: %v, want context.Canceled", err)
+	}
+	late, stopLate := context.WithCancel(ctx)
+	defer stopLate()
+	if err := late.Err(); err != context.Canceled {
+		t.Fatalf("context derived after the cancel: %v, want context.Canceled", err)
+	}
+	if err := child.Err(); err != context.Canceled {
+		t.Fatalf("ended child: %v", err)
+	}
+}
+
+// TestFanoutResponseTimeout: a replica that does not start its response
+// within fanout.response-timeout has its request cancelled (it sees the
+// request end) and the watch is retried on the next replica, invisibly.
+func TestFanoutResponseTimeout(t *testing.T) {
+	abandoned := make(chan struct{}, 2)
+	stuck := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		abandoned <- struct{}{}
+	}))
+	defer stuck.Close()
+	good := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("{}\n"))
+	}))
+	defer good.Close()
+	s, _ := testServer(t, stuck.URL+","+good.URL, func(c *Config) {
+		c.FanoutResponseTimeout = 200 * time.Millisecond
+		c.FanoutRetryDown = time.Nanosecond // each replica goes first in turn
+	})
+	for i := range 2 { // each replica goes first once
+		code, body, _ := do(s, tokAlice, "/api/v1/namespaces/ns1/pods?watch=true")
+		if code != 200 || string(body) != "{}\n" {
+			t.Fatalf("watch %d: %d %s", i, code, body)
+		}
+	}
+	select {
+	case <-abandoned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck replica's request was not cancelled")
+	}
+}
