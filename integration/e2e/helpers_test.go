@@ -200,7 +200,13 @@ func (w watchEvent) toCheck() checker.WatchEvent {
 // channel closes when the stream ends.
 func (e *env) openWatch(t testing.TB, ctx context.Context, path string) (int, <-chan watchEvent) {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.FrontdoorURL+path, nil)
+	return e.openWatchAt(t, ctx, e.FrontdoorURL, path)
+}
+
+// openWatchAt is openWatch through the frontdoor at base.
+func (e *env) openWatchAt(t testing.TB, ctx context.Context, base, path string) (int, <-chan watchEvent) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	ch := make(chan watchEvent, 100000)
 	resp, err := e.http.Do(req)
 	if err != nil {

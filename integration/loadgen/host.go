@@ -24,11 +24,13 @@ type HostInfo struct {
 	// Admin serves /debug/pprof for the host process (its CPU profile splits
 	// etcd from NATS).
 	Admin string `json:"admin"`
-	// Herald only.
-	FrontdoorURL string            `json:"frontdoor,omitempty"`
-	CAFile       string            `json:"caFile,omitempty"`
-	Procs        map[string]int    `json:"procs,omitempty"`  // service name -> pid
-	Admins       map[string]string `json:"admins,omitempty"` // service name -> admin address
+	// Herald only. FrontdoorURL is frontdoor-0's; FrontdoorURLs are every
+	// frontdoor replica's, in order.
+	FrontdoorURL  string            `json:"frontdoor,omitempty"`
+	FrontdoorURLs []string          `json:"frontdoors,omitempty"`
+	CAFile        string            `json:"caFile,omitempty"`
+	Procs         map[string]int    `json:"procs,omitempty"`  // service name -> pid
+	Admins        map[string]string `json:"admins,omitempty"` // service name -> admin address
 }
 
 // Host runs in its own process so that the CPU of the embedded etcd (and
@@ -36,9 +38,10 @@ type HostInfo struct {
 // whole stack (stack.Start: embedded etcd + NATS, every service a process),
 // mode "etcd" only an embedded etcd configured as the stack's, for
 // kube-apiserver. tokenFile, if set, is installed as the stack's token file
-// (its first line must be the admin). It prints a HostInfo line and runs
-// until stdin closes or ctx ends.
-func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Reader, stdout io.Writer) error {
+// (its first line must be the admin). replicas (0 or 1: one) is how many
+// fanout and how many frontdoor processes Herald runs. It prints a HostInfo
+// line and runs until stdin closes or ctx ends.
+func Host(ctx context.Context, mode, dir, binDir, tokenFile string, replicas int, stdin io.Reader, stdout io.Writer) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -61,12 +64,12 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile string, stdin io.Rea
 				return err
 			}
 		}
-		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir})
+		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir, Fanouts: replicas, Frontdoors: replicas})
 		if err != nil {
 			return err
 		}
 		defer s.Stop()
-		info.EtcdEndpoint, info.FrontdoorURL, info.CAFile = s.EtcdEndpoint, s.FrontdoorURL, s.PKI.CAFile
+		info.EtcdEndpoint, info.FrontdoorURL, info.FrontdoorURLs, info.CAFile = s.EtcdEndpoint, s.FrontdoorURL, s.FrontdoorURLs, s.PKI.CAFile
 		info.Procs, info.Admins = map[string]int{}, map[string]string{}
 		for _, p := range s.Procs() {
 			info.Procs[p.Name], info.Admins[p.Name] = p.Pid(), p.Admin

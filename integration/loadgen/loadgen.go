@@ -77,6 +77,10 @@ type Workload struct {
 	// application/vnd.kubernetes.protobuf, as kubelets do. Otherwise
 	// everything is JSON.
 	Protobuf bool
+	// Replicas, when > 1, is how many fanout and how many frontdoor
+	// processes Herald runs (the watchers spread round-robin over the
+	// frontdoors, Target.BaseURLs); kube-apiserver stays one process.
+	Replicas int
 }
 
 // Encoding names the workload's storage and wire encoding, for reports.
@@ -100,9 +104,13 @@ func (w Workload) Connections() string {
 
 // Target is a system under test.
 type Target struct {
-	Name    string
-	BaseURL string
-	CAFile  string
+	Name string
+	// BaseURL serves the lists and metrics; watcher i watches through
+	// BaseURLs[i mod len(BaseURLs)] (its resumes too), or BaseURL when
+	// BaseURLs is empty.
+	BaseURL  string
+	BaseURLs []string
+	CAFile   string
 	// Token returns the bearer token watcher i uses.
 	Token func(i int) string
 	// AdminToken reads metrics and lists.
@@ -146,6 +154,18 @@ type MemProc struct {
 	Name string
 	Pid  int
 	Heap func(ctx context.Context) (uint64, error)
+	// Watchers, if set, returns how many of the watches this process holds
+	// (one of several replicas holds a share); its growth is divided by
+	// that instead of by every open watcher.
+	Watchers func(ctx context.Context) (float64, error)
+}
+
+// watchURL is the base URL watcher i watches through.
+func (t *Target) watchURL(i int) string {
+	if len(t.BaseURLs) == 0 {
+		return t.BaseURL
+	}
+	return t.BaseURLs[i%len(t.BaseURLs)]
 }
 
 // NewHTTPClient is the load client's HTTP/2 client for a target's admin

@@ -8,11 +8,15 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
+	"io"
 	"math"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +152,39 @@ func TestWatchClients(t *testing.T) {
 	}
 	if p := mux[0].Transport.(*http.Transport).Protocols; p.HTTP1() || !p.HTTP2() {
 		t.Fatalf("multiplexed protocols %v, want HTTP/2 only", p)
+	}
+}
+
+// A stage served by several replicas is the sum of their histograms.
+func TestStageSumsReplicas(t *testing.T) {
+	serve := func(counts ...int) string {
+		body := fmt.Sprintf("# TYPE d histogram\nd_bucket{le=\"0.001\"} %d\nd_bucket{le=\"0.01\"} %d\nd_bucket{le=\"+Inf\"} %d\nd_count %d\n", counts[0], counts[1], counts[2], counts[2])
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL + "/metrics"
+	}
+	st := Stage{Name: "d", URLs: []string{serve(1, 2, 2), serve(3, 5, 6)}, Metric: "d"}
+	h, err := readHistogram(t.Context(), http.DefaultClient, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float64{4, 7, 8}; !slices.Equal(h.counts, want) {
+		t.Fatalf("summed counts %v, want %v", h.counts, want)
+	}
+}
+
+// Watchers spread round-robin over the target's frontdoors.
+func TestWatchURL(t *testing.T) {
+	one := &Target{BaseURL: "https://a"}
+	if one.watchURL(0) != "https://a" || one.watchURL(7) != "https://a" {
+		t.Fatal("without BaseURLs every watcher uses BaseURL")
+	}
+	three := &Target{BaseURL: "https://a", BaseURLs: []string{"https://a", "https://b", "https://c"}}
+	var got []string
+	for i := range 5 {
+		got = append(got, three.watchURL(i))
+	}
+	if want := []string{"https://a", "https://b", "https://c", "https://a", "https://b"}; !slices.Equal(got, want) {
+		t.Fatalf("watch URLs %v, want %v", got, want)
 	}
 }

@@ -108,7 +108,11 @@ func (rp *Report) Write(w io.Writer) {
 		if wl.OneUser {
 			kind += ", every watcher the same user (a DaemonSet's ServiceAccount),"
 		}
-		p("### %s: %d %s watchers, %s, %s storage and clients, %d writes/s for %s (settled %s before the watchers opened, %s of warm-up after)\n\n", wl.Name, wl.Watchers, kind, wl.Connections(), wl.Encoding(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup)
+		conns := wl.Connections()
+		if wl.Replicas > 1 {
+			conns += fmt.Sprintf(", Herald with %d fanout and %d frontdoor replicas (watchers round-robin over the frontdoors; kube-apiserver one process)", wl.Replicas, wl.Replicas)
+		}
+		p("### %s: %d %s watchers, %s, %s storage and clients, %d writes/s for %s (settled %s before the watchers opened, %s of warm-up after)\n\n", wl.Name, wl.Watchers, kind, conns, wl.Encoding(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup)
 		p("| | Herald | kube-apiserver | ratio |\n|---|---:|---:|---:|\n")
 		// A negative value is one the target could not report.
 		row := func(name string, f func(r *Result) float64, format string) {

@@ -185,7 +185,8 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			resp, err := ws[i].open(wctx, clients[i], t.BaseURL, t.Token(i), rev0, deadline)
+			base := t.watchURL(i)
+			resp, err := ws[i].open(wctx, clients[i], base, t.Token(i), rev0, deadline)
 			<-sem
 			if err != nil {
 				mu.Lock()
@@ -198,7 +199,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 				close(ws[i].done)
 				return
 			}
-			go ws[i].run(wctx, clients[i], t.BaseURL, t.Token(i), rev0, resp.Body)
+			go ws[i].run(wctx, clients[i], base, t.Token(i), rev0, resp.Body)
 		}()
 	}
 	wg.Wait()
@@ -206,12 +207,13 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
 	time.Sleep(3 * time.Second) // let the servers settle
 	heap1, rss1 := r.memory(ctx)
+	held := r.held(ctx, res.Watchers)
 	if t.IdleProfile != nil {
 		t.IdleProfile(ctx)
 	}
 	for name, h := range heap1 {
-		res.HeapPerWatcher[name] = (float64(h) - float64(heap0[name])) / float64(max(res.Watchers, 1))
-		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / float64(max(res.Watchers, 1))
+		res.HeapPerWatcher[name] = (float64(h) - float64(heap0[name])) / held[name]
+		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / held[name]
 	}
 
 	if r.Idle > 0 {
@@ -440,6 +442,25 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 		rss[m.Name], _ = RSSBytes(m.Pid)
 	}
 	return heap, rss
+}
+
+// held returns, per measured process, how many of the open watchers it
+// holds (MemProc.Watchers; all of them when not set or not readable), at
+// least 1.
+func (r *Runner) held(ctx context.Context, open int) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range r.Target.Mem {
+		n := float64(open)
+		if m.Watchers != nil {
+			if v, err := m.Watchers(ctx); err == nil {
+				n = v
+			} else {
+				r.Log.Warn("watchers held", "process", m.Name, "err", err)
+			}
+		}
+		out[m.Name] = max(n, 1)
+	}
+	return out
 }
 
 // String is a one-line summary for logs.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,8 +17,10 @@ import (
 // A run reads it before and after the writes and reports the quantiles of
 // the difference, so that the end-to-end latency can be split by hop.
 type Stage struct {
-	Name   string // e.g. "ingest: appended to JetStream"
-	URL    string // the process's /metrics
+	Name string // e.g. "ingest: appended to JetStream"
+	// URLs: the /metrics of the processes of the hop (replicas of one
+	// service: their histograms are summed).
+	URLs   []string
 	Metric string // a Prometheus histogram, seconds
 }
 
@@ -34,15 +37,42 @@ type histogram struct {
 	counts []float64
 }
 
+// readHistogram reads s's histogram from every one of its processes and
+// sums them (replicas of one service have the same buckets).
 func readHistogram(ctx context.Context, c *http.Client, s Stage) (histogram, error) {
-	body, err := Get(ctx, c, s.URL, "")
+	var sum histogram
+	for _, u := range s.URLs {
+		h, err := readOneHistogram(ctx, c, u, s.Metric)
+		if err != nil {
+			return histogram{}, err
+		}
+		if sum.bounds == nil {
+			sum = h
+			continue
+		}
+		if !slices.Equal(sum.bounds, h.bounds) {
+			return histogram{}, fmt.Errorf("%s: %s has other buckets than %s", s.Metric, u, s.URLs[0])
+		}
+		for i := range sum.counts {
+			sum.counts[i] += h.counts[i]
+		}
+	}
+	if sum.bounds == nil {
+		return histogram{}, fmt.Errorf("stage %s: no URLs", s.Name)
+	}
+	return sum, nil
+}
+
+// readOneHistogram reads metric from the /metrics at url.
+func readOneHistogram(ctx context.Context, c *http.Client, url, metric string) (histogram, error) {
+	body, err := Get(ctx, c, url, "")
 	if err != nil {
 		return histogram{}, err
 	}
 	type bucket struct{ le, n float64 }
 	var bs []bucket
 	for _, line := range strings.Split(string(body), "\n") {
-		rest, ok := strings.CutPrefix(line, s.Metric+"_bucket{")
+		rest, ok := strings.CutPrefix(line, metric+"_bucket{")
 		if !ok {
 			continue
 		}
@@ -60,18 +90,18 @@ func readHistogram(ctx context.Context, c *http.Client, s Stage) (histogram, err
 		}
 		n, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			return histogram{}, fmt.Errorf("%s: %q: %w", s.Metric, line, err)
+			return histogram{}, fmt.Errorf("%s: %q: %w", metric, line, err)
 		}
 		b := math.Inf(1)
 		if le != "+Inf" {
 			if b, err = strconv.ParseFloat(le, 64); err != nil {
-				return histogram{}, fmt.Errorf("%s: %q: %w", s.Metric, line, err)
+				return histogram{}, fmt.Errorf("%s: %q: %w", metric, line, err)
 			}
 		}
 		bs = append(bs, bucket{b, n})
 	}
 	if len(bs) == 0 {
-		return histogram{}, fmt.Errorf("%s: no histogram %s", s.URL, s.Metric)
+		return histogram{}, fmt.Errorf("%s: no histogram %s", url, metric)
 	}
 	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
 	var h histogram

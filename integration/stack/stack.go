@@ -44,10 +44,14 @@ type Options struct {
 	EtcdAddr, NATSAddr, FrontdoorAddr string
 	// Fixed internal ports (make run), in order: ingest admin, cache gRPC,
 	// cache admin, fanout HTTP, fanout admin, frontdoor admin. Nil for free
-	// ports.
+	// ports. FrontdoorAddr and the fixed ports are the first replica's;
+	// other replicas get free ports.
 	InternalPorts []int
 	Ingests       int // default 1
 	Fanouts       int // default 1
+	// Frontdoors (default 1): processes "frontdoor-<i>", each serving the
+	// API on its own address and routing watches over every fanout.
+	Frontdoors int
 	// CacheShards lays out the caches; nil is one shard owning everything,
 	// with one replica (process "cache-0"). Shard i's replica j is process
 	// "cache-<i>-<j>".
@@ -117,9 +121,12 @@ type Stack struct {
 	PKI          *PKI
 	Token        string
 	// TokenFile holds Token in kube-apiserver's --token-auth-file format.
-	TokenFile    string
-	FrontdoorURL string
-	Kubeconfig   string
+	TokenFile string
+	// FrontdoorURL is frontdoor-0's; FrontdoorURLs are every replica's, in
+	// order (frontdoor-<i> serves FrontdoorURLs[i]).
+	FrontdoorURL  string
+	FrontdoorURLs []string
+	Kubeconfig    string
 
 	mu    sync.Mutex
 	procs []*Proc
@@ -146,6 +153,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	if opts.Fanouts == 0 {
 		opts.Fanouts = 1
+	}
+	if opts.Frontdoors == 0 {
+		opts.Frontdoors = 1
 	}
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, err
@@ -232,11 +242,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			"--cache.shards=" + shardMap, "--http.addr=" + httpAddr, "--admin.addr=" + admin,
 		}, append(fanoutServerTLS, opts.Flags["fanout"]...)...)})
 	}
-	s.add(&Proc{Name: "frontdoor-0", Bin: "frontdoor", Admin: frontAdmin, Addrs: map[string]string{"https": front}, Args: append(append([]string{
-		"--addr=" + front, "--admin.addr=" + frontAdmin, "--cache.shards=" + shardMap,
-		"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
-	}, opts.Upstream.flags(tokenFile)...), append(frontTLS, opts.Flags["frontdoor"]...)...)})
-	s.FrontdoorURL = "https://" + front
+	// Every frontdoor routes watches over every fanout (each balances its
+	// own watches over them; see frontdoor's fanoutPool).
+	for i := range opts.Frontdoors {
+		addr, admin := front, frontAdmin
+		if i > 0 {
+			addr, admin = freeAddr(), freeAddr()
+		}
+		s.add(&Proc{Name: fmt.Sprintf("frontdoor-%d", i), Bin: "frontdoor", Admin: admin, Addrs: map[string]string{"https": addr}, Args: append(append([]string{
+			"--addr=" + addr, "--admin.addr=" + admin, "--cache.shards=" + shardMap,
+			"--fanout.addrs=" + strings.Join(fanoutURLs, ","), "--tls.cert-file=" + s.PKI.CertFile, "--tls.key-file=" + s.PKI.KeyFile,
+		}, opts.Upstream.flags(tokenFile)...), append(frontTLS, opts.Flags["frontdoor"]...)...)})
+		s.FrontdoorURLs = append(s.FrontdoorURLs, "https://"+addr)
+	}
+	s.FrontdoorURL = s.FrontdoorURLs[0]
 
 	for _, p := range s.procs {
 		if err := p.Start(); err != nil {

@@ -40,10 +40,11 @@ func main() {
 		dir := fs.String("dir", "", "State directory.")
 		bin := fs.String("bin-dir", "", "Herald service binaries.")
 		tokens := fs.String("tokens", "", "Token file for frontdoor.")
+		replicas := fs.Int("replicas", 1, "Fanout and frontdoor processes (herald mode).")
 		fs.Parse(os.Args[2:])
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, os.Stdin, os.Stdout); err != nil {
+		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, *replicas, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "herald-load host:", err)
 			os.Exit(1)
 		}
@@ -62,6 +63,7 @@ func main() {
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.IntVar(&o.rounds, "rounds", 1, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
+	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
@@ -75,7 +77,7 @@ type options struct {
 	kube, binDir, out, dir, only, systems, command string
 	proto                                          string
 	duration, warmup, settle, idle                 time.Duration
-	rounds, memPods                                int
+	rounds, memPods, replicas                      int
 }
 
 const (
@@ -131,6 +133,15 @@ func run(o options) error {
 			}
 		}
 		workloads = keep
+	}
+	if o.replicas < 1 {
+		return fmt.Errorf("-replicas %d: want at least 1", o.replicas)
+	}
+	if o.replicas > 1 {
+		for i := range workloads {
+			workloads[i].Name += fmt.Sprintf("-%dreplicas", o.replicas)
+			workloads[i].Replicas = o.replicas
+		}
 	}
 	maxWatchers := 0
 	for _, w := range workloads {
@@ -221,7 +232,7 @@ func run(o options) error {
 	// loaded starts a host (mode "herald" or "etcd") in dir and loads pods
 	// (if any) into its etcd; stop stops both.
 	loaded := func(mode, dir, binDir, tokens string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
-		h, info, err := startHost(ctx, mode, dir, binDir, tokens)
+		h, info, err := startHost(ctx, mode, dir, binDir, tokens, o.replicas)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -269,16 +280,38 @@ func run(o options) error {
 			return err
 		}
 		defer stop()
-		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
+		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
 			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
 		for name, pid := range info.Procs {
 			t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
 		}
-		for _, name := range []string{"fanout-0", "frontdoor-0"} {
-			t.Mem = append(t.Mem, loadgen.MemProc{Name: name, Pid: info.Procs[name], Heap: loadgen.HeapFromMetrics(plain, "http://"+info.Admins[name], "")})
+		// Every fanout and frontdoor replica: its heap per watch it holds
+		// (fanout: herald_fanout_watchers; frontdoor: its open pods
+		// watches).
+		var fanoutAdmins []string
+		for i := range o.replicas {
+			for _, svc := range []struct{ name, metric, match string }{
+				{fmt.Sprintf("fanout-%d", i), "herald_fanout_watchers", ""},
+				{fmt.Sprintf("frontdoor-%d", i), "apiserver_longrunning_requests", `resource="pods"`},
+			} {
+				base := "http://" + info.Admins[svc.name]
+				t.Mem = append(t.Mem, loadgen.MemProc{Name: svc.name, Pid: info.Procs[svc.name], Heap: loadgen.HeapFromMetrics(plain, base, ""),
+					Watchers: func(ctx context.Context) (float64, error) {
+						return loadgen.MetricSum(ctx, plain, base, "", svc.metric, svc.match)
+					}})
+			}
+			fanoutAdmins = append(fanoutAdmins, "http://"+info.Admins[fmt.Sprintf("fanout-%d", i)])
 		}
 		t.OpenWatches = func(ctx context.Context) (float64, error) {
-			return loadgen.MetricSum(ctx, plain, "http://"+info.Admins["fanout-0"], "", "herald_fanout_watchers")
+			var sum float64
+			for _, a := range fanoutAdmins {
+				v, err := loadgen.MetricSum(ctx, plain, a, "", "herald_fanout_watchers")
+				if err != nil {
+					return 0, err
+				}
+				sum += v
+			}
+			return sum, nil
 		}
 		t.Terminated = func(ctx context.Context) (float64, error) {
 			var sum float64
@@ -293,10 +326,14 @@ func run(o options) error {
 			}
 			return sum, nil
 		}
+		var fanoutMetrics []string
+		for _, a := range fanoutAdmins {
+			fanoutMetrics = append(fanoutMetrics, a+"/metrics")
+		}
 		t.Stages = []loadgen.Stage{
-			{Name: "ingest JetStream append, until acked", URL: "http://" + info.Admins["ingest-0"] + "/metrics", Metric: "herald_ingest_publish_duration_seconds"},
-			{Name: "cache applied, since ingest received it from etcd", URL: "http://" + info.Admins["cache-0"] + "/metrics", Metric: "herald_cache_apply_latency_seconds"},
-			{Name: "fanout wrote it to the watcher, since ingest received it", URL: "http://" + info.Admins["fanout-0"] + "/metrics", Metric: "herald_event_delivery_latency_seconds"},
+			{Name: "ingest JetStream append, until acked", URLs: []string{"http://" + info.Admins["ingest-0"] + "/metrics"}, Metric: "herald_ingest_publish_duration_seconds"},
+			{Name: "cache applied, since ingest received it from etcd", URLs: []string{"http://" + info.Admins["cache-0"] + "/metrics"}, Metric: "herald_cache_apply_latency_seconds"},
+			{Name: "fanout wrote it to the watcher, since ingest received it", URLs: fanoutMetrics, Metric: "herald_event_delivery_latency_seconds"},
 		}
 		admins := map[string]string{"etcd+nats": info.Admin}
 		for name, a := range info.Admins {
@@ -579,7 +616,7 @@ type host struct {
 }
 
 // startHost runs `herald-load host` (this binary) and reads its HostInfo.
-func startHost(ctx context.Context, mode, dir, binDir, tokens string) (*host, *loadgen.HostInfo, error) {
+func startHost(ctx context.Context, mode, dir, binDir, tokens string, replicas int) (*host, *loadgen.HostInfo, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
@@ -589,7 +626,7 @@ func startHost(ctx context.Context, mode, dir, binDir, tokens string) (*host, *l
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens)
+	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-replicas", fmt.Sprint(replicas))
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, _ := cmd.StdinPipe()
