@@ -269,9 +269,22 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	if err != nil {
 		return nil, fmt.Errorf("fanout.tls: %w", err)
 	}
+	dial := (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	if !slices.ContainsFunc(cfg.fanouts(), func(a string) bool { return strings.HasPrefix(a, "https://") }) {
+		// h2c to every replica: hold back the flow-control updates (see
+		// windowConn).
+		plain := dial
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := plain(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newWindowConn(c, time.Now), nil
+		}
+	}
 	tr := &http.Transport{
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         dial,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: cfg.FanoutDialTimeout,
 		// Watches to one replica share HTTP/2 connections (h2c in
@@ -279,6 +292,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// watch. Spreading does not depend on connections: the pool picks
 		// the replica (by address) for every watch.
 		Protocols:           service.ClientProtocols(),
+		HTTP2:               &http.HTTP2Config{MaxReceiveBufferPerStream: fanoutStreamWindow, MaxReceiveBufferPerConnection: fanoutConnWindow},
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		// Watches are already compressed or not by the client's choice; the
