@@ -34,6 +34,9 @@ type Config struct {
 	// CacheStreamWindow is the flow-control window of each stream from
 	// the caches: the most a stream that is not being read holds.
 	CacheStreamWindow int
+	// WriteCoalesce: how long a busy watch gathers events before its next
+	// write (see Server.serve).
+	WriteCoalesce time.Duration
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -50,6 +53,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.QueueBytes, "watcher.queue-bytes", 16<<20, "Bytes queued per watcher before it is closed as too slow.")
 	fs.IntVar(&c.MaxWatchers, "max-watchers", 20000, "Watchers per replica; more get 429.")
 	fs.DurationVar(&c.BookmarkInterval, "bookmark-interval", time.Minute, "How often a watcher that allows bookmarks gets one.")
+	fs.DurationVar(&c.WriteCoalesce, "watch.write-coalesce", 100*time.Millisecond, "A watch written to less than this long ago waits out the rest before its next write, and sends everything queued meanwhile in that one write: a busy watch (a controller's or kube-proxy's in a busy cluster) costs one write, here and in frontdoor, per this interval instead of one per event, for at most this much more latency. A watch that was quiet for this long (a kubelet's) is written to at once. 0: every event at once.")
 	fs.DurationVar(&c.MinTimeout, "watch.min-timeout", 30*time.Minute, "Lower bound of the random server-side watch timeout (when the client sets none).")
 	fs.DurationVar(&c.MaxTimeout, "watch.max-timeout", time.Hour, "Upper bound of the random server-side watch timeout.")
 	fs.BoolVar(&c.GzipInitial, "watch.gzip-initial", true, "Gzip watch streams that start with initial state (sendInitialEvents, resourceVersion unset or 0) when the client accepts gzip.")
@@ -73,6 +77,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CacheStreamWindow < minStreamWindow || c.CacheStreamWindow > maxStreamWindow {
 		errs = append(errs, fmt.Errorf("cache.stream-window-bytes must be between %d and %d", minStreamWindow, maxStreamWindow))
+	}
+	if c.WriteCoalesce < 0 || c.WriteCoalesce > time.Second {
+		errs = append(errs, errors.New("watch.write-coalesce must be between 0 and 1s"))
 	}
 	if c.BookmarkInterval <= 0 || c.MinTimeout <= 0 || c.MaxTimeout < c.MinTimeout {
 		errs = append(errs, errors.New("bookmark-interval and watch timeouts must be positive, min <= max"))
