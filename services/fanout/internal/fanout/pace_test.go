@@ -35,7 +35,7 @@ func (w *writeRecorder) Write(b []byte) (int, error) {
 // TestBusyWatchGathersEvents: a watch woken within watch.write-coalesce of
 // its last write waits out the rest of it and writes everything queued
 // meanwhile in one write, in order; after a quiet spell the next event is
-// written at once.
+// written at once; a queue that reaches half its bound is written at once.
 func TestBusyWatchGathersEvents(t *testing.T) {
 	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
 	if err != nil {
@@ -104,4 +104,15 @@ func TestBusyWatchGathersEvents(t *testing.T) {
 	clk.Step(every) // quiet for the interval: at once again
 	enqueue(6)
 	expect(<-w.writes, 6)
+
+	// Busy, but the queue reaches half its bound (50 of 100 events) while
+	// the writer waits: written then, without waiting out the interval.
+	var burst []int64
+	for rev := int64(7); rev < 7+50; rev++ {
+		burst = append(burst, rev)
+	}
+	enqueue(burst[0])
+	parked()
+	enqueue(burst[1:]...)
+	expect(<-w.writes, burst...)
 }

@@ -459,6 +459,11 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		lastWrite time.Time
 		pace      clock.Timer
 	)
+	defer func() {
+		if pace != nil {
+			pace.Stop()
+		}
+	}()
 	// drain writes everything queued, including what is queued while it
 	// writes (one write and one flush for the batch, see
 	// stream.out), and keeps the batch's buffer only if it is small: an
@@ -506,7 +511,11 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			st.flush()
 			return
 		case <-wt.wake:
-			if wait := s.cfg.WriteCoalesce - s.clock.Since(lastWrite); wait > 0 {
+			n, half := wt.level()
+			if n == 0 {
+				continue // taken by the last drain already
+			}
+			if wait := s.cfg.WriteCoalesce - s.clock.Since(lastWrite); wait > 0 && !half {
 				if pace == nil {
 					pace = s.clock.NewTimer(wait)
 				} else {
@@ -514,14 +523,18 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 				}
 				select {
 				case <-pace.C():
+				case <-wt.wake:
+					// The queue reached half its bound (see watcher.wake):
+					// write now rather than overflow it.
 				case <-ctx.Done():
 					return
 				case <-wt.done:
 					continue // the loop delivers what is queued and ends
 				}
 			}
+			start := s.clock.Now()
 			if drain() > 0 {
-				lastWrite = s.clock.Now()
+				lastWrite = start
 			}
 			st.flush()
 		case <-tick:

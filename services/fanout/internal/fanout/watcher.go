@@ -39,7 +39,11 @@ type watcher struct {
 	// The queue grows only while events are pending: an idle watcher holds
 	// no buffer (a preallocated channel of the queue's size would cost every
 	// idle watcher ~16 KB). wake (capacity 1) tells the writer there is
-	// something to take.
+	// something to take: it is signalled when an event lands in an empty
+	// queue (the writer takes everything, so every event is behind a
+	// signal it has not consumed yet) and again when the queue reaches half
+	// its bound in events or bytes, so that a writer waiting to gather
+	// events (Server.serve) writes before the queue overflows.
 	mu       sync.Mutex
 	pending  []queued
 	max      int
@@ -64,7 +68,8 @@ func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
 // enqueue hands the watcher one event; false means the watcher is closed.
 func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 	n := int64(len(it.object(t)))
-	if w.bytes.Add(n) > w.maxBytes {
+	total := w.bytes.Add(n)
+	if total > w.maxBytes {
 		w.close(reasonQueueBytes)
 		return false
 	}
@@ -75,10 +80,13 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 		return false
 	}
 	w.pending = append(w.pending, queued{it, t})
+	signal := len(w.pending) == 1 || len(w.pending) == max(w.max/2, 1) || (total >= w.maxBytes/2 && total-n < w.maxBytes/2)
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if signal {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 	return true
 }
@@ -104,6 +112,15 @@ func (w *watcher) queued() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.pending)
+}
+
+// level is the number of events waiting and whether they reach half the
+// queue's bound, in events or bytes (then the writer must not wait).
+func (w *watcher) level() (n int, half bool) {
+	w.mu.Lock()
+	n = len(w.pending)
+	w.mu.Unlock()
+	return n, n >= max(w.max/2, 1) || w.bytes.Load() >= w.maxBytes/2
 }
 
 func (w *watcher) close(reason string) {

@@ -41,6 +41,7 @@ type windowConn struct {
 
 	mu      sync.Mutex
 	preface int    // bytes of the client connection preface still to pass
+	plain   bool   // what is written is not HTTP/2 (no preface): pass it as is
 	hdr     []byte // a frame header split across writes, passed on already
 	rest    int    // bytes of the current frame still to pass
 	held    map[uint32]uint32
@@ -73,7 +74,13 @@ func newWindowConn(c net.Conn, now func() time.Time) *windowConn {
 func (w *windowConn) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.plain {
+		return w.Conn.Write(b)
+	}
 	out := w.frames(w.out[:0], b)
+	if w.plain {
+		return w.Conn.Write(b)
+	}
 	if w.rest == 0 && len(w.hdr) == 0 && w.preface == 0 {
 		out = w.due(out)
 	}
@@ -82,6 +89,8 @@ func (w *windowConn) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	if _, err := w.Conn.Write(out); err != nil {
+		// net/http's HTTP/2 client treats any write error as the
+		// connection's end (a sticky error), so what was held is moot.
 		return 0, err
 	}
 	return len(b), nil
@@ -93,6 +102,14 @@ func (w *windowConn) frames(out, b []byte) []byte {
 		switch {
 		case w.preface > 0:
 			n := min(w.preface, len(b))
+			at := len(clientPreface) - w.preface
+			if string(b[:n]) != clientPreface[at:at+n] {
+				// Not an HTTP/2 client (the transport spoke HTTP/1 to
+				// the replica): nothing to hold. What was passed on so
+				// far was a prefix of the preface, in earlier writes.
+				w.plain = true
+				return out
+			}
 			out, b = append(out, b[:n]...), b[n:]
 			w.preface -= n
 		case w.rest > 0:

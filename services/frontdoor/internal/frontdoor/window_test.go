@@ -306,3 +306,22 @@ func TestWindowConnStreams(t *testing.T) {
 	}
 	t.Logf("%d window updates for %d MB", cl.updates, streams*total>>20)
 }
+
+// TestWindowConnNotHTTP2: a connection that does not start with the HTTP/2
+// preface (HTTP/1 to a replica) passes every byte as written.
+func TestWindowConnNotHTTP2(t *testing.T) {
+	for _, first := range []string{"GET / HTTP/1.1\r\n", "PRI * HTTP/1.1", "P"} {
+		rec := &recordConn{}
+		w := newWindowConn(rec, time.Now)
+		var want []byte
+		for _, b := range [][]byte{[]byte(first), []byte("Host: fanout\r\n\r\n"), windowUpdate(1, 100).bytes(), windowUpdate(0, 5).bytes()} {
+			if n, err := w.Write(b); n != len(b) || err != nil {
+				t.Fatalf("Write = %d, %v", n, err)
+			}
+			want = append(want, b...)
+		}
+		if !bytes.Equal(rec.buf.Bytes(), want) {
+			t.Fatalf("%q: passed %q, want %q", first, rec.buf.Bytes(), want)
+		}
+	}
+}
