@@ -238,6 +238,11 @@ func Get(ctx context.Context, c *http.Client, url, token string) ([]byte, error)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	// Uncompressed: a gzipped answer makes the server allocate a
+	// compressor (promhttp's is ~1-2 MB) that it keeps pooled through the
+	// next forced GC, and the heap a measurement reads after it would
+	// count the load client's own scrape as the server's memory.
+	req.Header.Set("Accept-Encoding", "identity")
 	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
