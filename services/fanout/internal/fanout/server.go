@@ -448,8 +448,8 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 	var batch []queued
 	// Pacing (cfg.WriteCoalesce): a watch woken less than WriteCoalesce
 	// after its last write waits out the rest, then writes all that was
-	// queued meanwhile at once. At 100 events/s and 100 ms that is one
-	// write of ~10 events where there were ten, in fanout and in frontdoor
+	// queued meanwhile at once. At 100 events/s and 50 ms that is one
+	// write of ~5 events where there were five, in fanout and in frontdoor
 	// (one HTTP/2 frame, one read, one TLS record, one syscall each): the
 	// per-delivery cost that dominates a broadcast. A quiet watch (a
 	// kubelet's) is written to at once. Order and the queue's bounds are
