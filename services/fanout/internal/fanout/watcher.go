@@ -80,7 +80,8 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 		return false
 	}
 	w.pending = append(w.pending, queued{it, t})
-	signal := len(w.pending) == 1 || len(w.pending) == max(w.max/2, 1) || (total >= w.maxBytes/2 && total-n < w.maxBytes/2)
+	k := len(w.pending)
+	signal := k == 1 || (w.half(k, total) && !w.half(k-1, total-n))
 	w.mu.Unlock()
 	if signal {
 		select {
@@ -115,12 +116,18 @@ func (w *watcher) queued() int {
 }
 
 // level is the number of events waiting and whether they reach half the
-// queue's bound, in events or bytes (then the writer must not wait).
+// queue's bound (then the writer must not wait).
 func (w *watcher) level() (n int, half bool) {
 	w.mu.Lock()
 	n = len(w.pending)
 	w.mu.Unlock()
-	return n, n >= max(w.max/2, 1) || w.bytes.Load() >= w.maxBytes/2
+	return n, w.half(n, w.bytes.Load())
+}
+
+// half reports whether n events of b bytes reach half the queue's bound,
+// in events or in bytes.
+func (w *watcher) half(n int, b int64) bool {
+	return n >= max(w.max/2, 1) || b >= w.maxBytes/2
 }
 
 func (w *watcher) close(reason string) {
