@@ -68,6 +68,9 @@ type HTTPServer struct {
 	TLS bool
 	// Grace bounds how long Shutdown waits for requests in flight.
 	Grace time.Duration
+	// WriteHold: connections gather writes that follow their last write
+	// by less than this into one (GatherWrites); 0: every write at once.
+	WriteHold time.Duration
 
 	ln         net.Listener
 	cancelBase context.CancelFunc
@@ -80,7 +83,7 @@ func (h *HTTPServer) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listener: %w", err)
 	}
-	h.ln = ln
+	h.ln = GatherWrites(ln, h.WriteHold)
 	return nil
 }
 

@@ -37,6 +37,9 @@ type Config struct {
 	// WriteCoalesce: how long a busy watch gathers events before its next
 	// write (see Server.serve).
 	WriteCoalesce time.Duration
+	// WriteHold: how long a connection from frontdoor gathers the frames
+	// of its streams before it is written to (service.GatherWrites).
+	WriteHold time.Duration
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -54,6 +57,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxWatchers, "max-watchers", 20000, "Watchers per replica; more get 429.")
 	fs.DurationVar(&c.BookmarkInterval, "bookmark-interval", time.Minute, "How often a watcher that allows bookmarks gets one.")
 	fs.DurationVar(&c.WriteCoalesce, "watch.write-coalesce", 50*time.Millisecond, "A watch written to less than this long ago waits out the rest before its next write, and sends everything queued meanwhile in that one write: a busy watch (a controller's or kube-proxy's in a busy cluster) costs one write, here and in frontdoor, per this interval instead of one per event, for at most this much more latency. A watch that was quiet for this long (a kubelet's) is written to at once. 0: every event at once.")
+	fs.DurationVar(&c.WriteHold, "http.write-hold", time.Millisecond, "A connection from frontdoor written to less than this long ago holds what its watches write (their HTTP/2 frames) and sends it together at the end of the interval: a connection carrying many busy watches costs one socket write per interval instead of one or two per frame, here and in frontdoor's reads. A connection quiet for this long is written to at once. 0: every frame at once.")
 	fs.DurationVar(&c.MinTimeout, "watch.min-timeout", 30*time.Minute, "Lower bound of the random server-side watch timeout (when the client sets none).")
 	fs.DurationVar(&c.MaxTimeout, "watch.max-timeout", time.Hour, "Upper bound of the random server-side watch timeout.")
 	fs.BoolVar(&c.GzipInitial, "watch.gzip-initial", true, "Gzip watch streams that start with initial state (sendInitialEvents, resourceVersion unset or 0) when the client accepts gzip.")
@@ -80,6 +84,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WriteCoalesce < 0 || c.WriteCoalesce > time.Second {
 		errs = append(errs, errors.New("watch.write-coalesce must be between 0 and 1s"))
+	}
+	if c.WriteHold < 0 || c.WriteHold > 100*time.Millisecond {
+		errs = append(errs, errors.New("http.write-hold must be between 0 and 100ms"))
 	}
 	if c.BookmarkInterval <= 0 || c.MinTimeout <= 0 || c.MaxTimeout < c.MinTimeout {
 		errs = append(errs, errors.New("bookmark-interval and watch timeouts must be positive, min <= max"))

@@ -40,3 +40,23 @@ func TestCacheStreamWindowBounds(t *testing.T) {
 		}
 	}
 }
+
+// The pacing intervals are bounded: a watch's (write-coalesce) by a second,
+// a connection's (http.write-hold) by 100ms; neither may be negative.
+func TestPacingBounds(t *testing.T) {
+	for arg, want := range map[string]string{ // "": accepted
+		"--watch.write-coalesce=0":      "",
+		"--watch.write-coalesce=1s":     "",
+		"--watch.write-coalesce=1001ms": "watch.write-coalesce",
+		"--watch.write-coalesce=-1ms":   "watch.write-coalesce",
+		"--http.write-hold=0":           "",
+		"--http.write-hold=100ms":       "",
+		"--http.write-hold=101ms":       "http.write-hold",
+		"--http.write-hold=-1ms":        "http.write-hold",
+	} {
+		_, err := service.Configure("fanout", &Config{}, strings.Fields(arg))
+		if (err == nil) != (want == "") || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", arg, err, want)
+		}
+	}
+}

@@ -74,9 +74,10 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 			IdleTimeout:       90 * time.Second,
 			MaxHeaderBytes:    1 << 20,
 		},
-		Addr:  cfg.HTTPAddr,
-		TLS:   serverTLS != nil,
-		Grace: shutdownGrace,
+		Addr:      cfg.HTTPAddr,
+		TLS:       serverTLS != nil,
+		Grace:     shutdownGrace,
+		WriteHold: cfg.WriteHold,
 	}
 	starting := func(context.Context) error {
 		if err := srv.Listen(); err != nil {

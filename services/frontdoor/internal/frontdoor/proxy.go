@@ -272,14 +272,14 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	dial := (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	if !slices.ContainsFunc(cfg.fanouts(), func(a string) bool { return strings.HasPrefix(a, "https://") }) {
 		// h2c to every replica: hold back the flow-control updates (see
-		// windowConn).
+		// windowConn), read in large pieces (bufferedConn).
 		plain := dial
 		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := plain(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
-			return newWindowConn(c, time.Now), nil
+			return newBufferedConn(newWindowConn(c, time.Now)), nil
 		}
 	}
 	tr := &http.Transport{

@@ -1,6 +1,7 @@
 package frontdoor
 
 import (
+	"bufio"
 	"encoding/binary"
 	"net"
 	"sync"
@@ -67,6 +68,27 @@ const (
 func newWindowConn(c net.Conn, now func() time.Time) *windowConn {
 	return &windowConn{Conn: c, now: now, preface: len(clientPreface), held: map[uint32]uint32{}, hdr: make([]byte, 0, frameHeaderLen)}
 }
+
+// readBuffer is the read buffer of frontdoor's h2c connections to fanout
+// replicas: net/http's HTTP/2 client reads through a 4 KB buffer of its
+// own, a system call per 4 KB; a replica writes many streams' frames at
+// once (fanout's http.write-hold), read here a few calls per write. Each
+// connection (up to 100 watches) keeps its buffer.
+const readBuffer = 16 << 10
+
+// bufferedConn reads its connection through a readBuffer-sized buffer.
+// Reading never waits for more than the connection has: a read returns what
+// is buffered, or what one read of the connection returns.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func newBufferedConn(c net.Conn) *bufferedConn {
+	return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, readBuffer)}
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // Write passes b on, less the WINDOW_UPDATE frames it holds, plus the held
 // updates that are due. It reports len(b) written when the write of what

@@ -325,3 +325,39 @@ func TestWindowConnNotHTTP2(t *testing.T) {
 		}
 	}
 }
+
+// arrivedConn is a connection whose reads return what has arrived (up to
+// the reader's buffer), counted.
+type arrivedConn struct {
+	net.Conn
+	arrived bytes.Buffer
+	reads   int
+}
+
+func (c *arrivedConn) Read(b []byte) (int, error) { c.reads++; return c.arrived.Read(b) }
+
+// A replica's gathered write is read in one call however small the reader's
+// pieces, and a read returns what has arrived without waiting for more.
+func TestBufferedConnReads(t *testing.T) {
+	under := &arrivedConn{}
+	c := newBufferedConn(under)
+	sent := bytes.Repeat([]byte("0123456789abcdef"), readBuffer/16)
+	under.arrived.Write(sent)
+	got := make([]byte, 0, len(sent))
+	piece := make([]byte, 4096) // net/http's HTTP/2 client reads 4 KB at a time
+	for len(got) < len(sent) {
+		n, err := c.Read(piece)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, piece[:n]...)
+	}
+	if !bytes.Equal(got, sent) || under.reads != 1 {
+		t.Fatalf("%d bytes in %d reads of the connection, want the %d written in 1", len(got), under.reads, len(sent))
+	}
+	under.arrived.WriteString("tail")
+	n, err := c.Read(piece)
+	if err != nil || string(piece[:n]) != "tail" || under.reads != 2 {
+		t.Fatalf("read %q, %v after %d reads; want what arrived, at once", piece[:n], err, under.reads)
+	}
+}
