@@ -26,52 +26,70 @@ func (l *gatherListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newGatherConn(c, l.hold, time.Now, time.AfterFunc), nil
+	return newGatherConn(c, l.hold, time.Now, realTimer), nil
 }
 
-// gatherMax bounds what a connection holds: at that many bytes it is written
-// at once.
-const gatherMax = 64 << 10
+const (
+	// gatherMax bounds what a connection holds: at that many bytes it is
+	// written at once.
+	gatherMax = 64 << 10
+	// closeFlush bounds how long Close (and CloseWrite) may spend writing
+	// what is held, and so how long a write blocked on a peer that does not
+	// read delays them.
+	closeFlush = 100 * time.Millisecond
+)
 
 // gatherBufs are the buffers of what connections hold, taken when a
 // connection starts holding and returned once it is written: an idle
 // connection holds none.
 var gatherBufs = sync.Pool{New: func() any { b := make([]byte, 0, gatherMax+16<<10); return &b }}
 
+// gatherTimer is the part of *time.Timer a gatherConn uses.
+type gatherTimer interface {
+	Reset(time.Duration) bool
+	Stop() bool
+}
+
+func realTimer(d time.Duration, f func()) gatherTimer { return time.AfterFunc(d, f) }
+
 // gatherConn is a server's end of a connection that carries many streams
 // (an HTTP/2 connection from frontdoor to a fanout replica). A write that
-// comes less than hold after the connection was last written to is held
-// and goes out with the writes that follow it, in one write, hold after
-// that last write (or once gatherMax bytes are held).
+// comes less than hold after the socket was last written to is held and
+// goes out together with the writes that follow it, in one write, hold
+// after that last socket write (at once when gatherMax bytes are held).
 //
-// Why: net/http's HTTP/2 server writes each frame it has for a stream as
-// it comes, through a 4 KB buffer, so a connection carrying a hundred busy
+// Why: net/http's HTTP/2 server writes the frames it has for its streams as
+// they come, through a 4 KB buffer, so a connection carrying a hundred busy
 // watches gets one or two small socket writes per frame; on loopback or a
 // LAN each write costs the sender a system call and the receiver a wake-up
-// and a read. Held for a millisecond, they go out several frames at a time.
+// and a read. Held for a millisecond, they go out many frames at a time.
 //
 // A quiet connection is written to at once: the first write after hold
-// without writes passes straight through, so a single event is never
-// delayed. Bytes keep their order (nothing passes while something is held),
-// a held write reports success, and the error of a write that was held is
-// returned by the next Write (HTTP/2 then ends the connection, as for any
-// write error). Close writes what is held first (a GOAWAY, say).
+// without socket writes passes straight through (the rest of a frame that
+// net/http writes in two pieces may wait up to hold). Bytes keep their
+// order: nothing passes while something is held, and the wrapper has no
+// ReadFrom, so net/http's HTTP/1 file responses (sendfile) cannot pass
+// around what is held either. A held write reports success; when the
+// timer's write of it fails, the connection is closed (HTTP/2 ends it as it
+// would for its own failed write) and the error is returned by the next
+// Write. Close and CloseWrite write what is held first (a GOAWAY, TLS's
+// close alert), within closeFlush.
 type gatherConn struct {
 	net.Conn
-	hold      time.Duration
-	now       func() time.Time
-	afterFunc func(time.Duration, func()) *time.Timer
+	hold     time.Duration
+	now      func() time.Time
+	newTimer func(time.Duration, func()) gatherTimer
 
 	mu    sync.Mutex
 	buf   *[]byte   // what is held; nil when nothing is
 	last  time.Time // when the socket was last written to
-	timer *time.Timer
-	armed bool
+	timer gatherTimer
+	armed bool // the timer will fire
 	err   error
 }
 
-func newGatherConn(c net.Conn, hold time.Duration, now func() time.Time, afterFunc func(time.Duration, func()) *time.Timer) *gatherConn {
-	return &gatherConn{Conn: c, hold: hold, now: now, afterFunc: afterFunc}
+func newGatherConn(c net.Conn, hold time.Duration, now func() time.Time, newTimer func(time.Duration, func()) gatherTimer) *gatherConn {
+	return &gatherConn{Conn: c, hold: hold, now: now, newTimer: newTimer}
 }
 
 func (c *gatherConn) Write(b []byte) (int, error) {
@@ -99,53 +117,81 @@ func (c *gatherConn) Write(b []byte) (int, error) {
 	}
 	if !c.armed {
 		c.armed = true
-		c.timer = c.afterFunc(c.hold-now.Sub(c.last), c.flush)
+		wait := c.hold - now.Sub(c.last)
+		if c.timer == nil {
+			c.timer = c.newTimer(wait, c.flush)
+		} else {
+			c.timer.Reset(wait)
+		}
 	}
 	return len(b), nil
 }
 
-// flush writes what is held (the timer's).
+// flush is the timer's: it writes what is held, and closes the connection
+// if that fails (nothing else would end a quiet connection that lost
+// frames).
 func (c *gatherConn) flush() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.armed = false
-	if c.err == nil {
-		c.flushLocked()
+	if c.err == nil && c.flushLocked() != nil {
+		c.Conn.Close()
 	}
 }
 
+// flushLocked writes what is held. On failure it keeps what was not
+// written (Close tries again under its own deadline: TLS sets a past one
+// just before it closes) and records the error.
 func (c *gatherConn) flushLocked() error {
 	if c.buf == nil {
 		return nil
 	}
 	c.last = c.now()
-	_, c.err = c.Conn.Write(*c.buf)
+	n, err := c.Conn.Write(*c.buf)
+	if err != nil {
+		c.err = err
+		*c.buf = (*c.buf)[:copy(*c.buf, (*c.buf)[n:])]
+		return err
+	}
 	if cap(*c.buf) <= 2*gatherMax {
 		*c.buf = (*c.buf)[:0]
 		gatherBufs.Put(c.buf)
 	}
 	c.buf = nil
-	return c.err
+	return nil
 }
 
-// Close writes what is held (bounded by closeFlush), then closes the
-// connection. A write in progress (blocked on a peer that does not read) is
-// not waited for: closing the socket is what ends it.
-func (c *gatherConn) Close() error {
-	if c.mu.TryLock() {
-		if c.timer != nil {
-			c.timer.Stop()
-			c.armed = false
-		}
-		if c.err == nil && c.buf != nil {
-			c.Conn.SetWriteDeadline(c.now().Add(closeFlush))
-			c.flushLocked()
-		}
-		c.err = net.ErrClosed
-		c.mu.Unlock()
+// finish writes what is held under a fresh deadline of closeFlush (wall
+// time: it is the socket's) and stops the timer; err is what later writes
+// get. A write blocked on a peer that does not read ends at that deadline.
+func (c *gatherConn) finish(err error) {
+	c.Conn.SetWriteDeadline(time.Now().Add(closeFlush))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.armed = false
 	}
+	if c.buf != nil {
+		c.err = nil
+		c.flushLocked()
+	}
+	c.err = err
+}
+
+// Close writes what is held, then closes the connection.
+func (c *gatherConn) Close() error {
+	c.finish(net.ErrClosed)
 	return c.Conn.Close()
 }
 
-// closeFlush bounds how long Close tries to write what is held.
-const closeFlush = time.Second
+// CloseWrite writes what is held, then shuts down the writing side of the
+// connection (net/http's HTTP/1 server does before it closes).
+func (c *gatherConn) CloseWrite() error {
+	c.finish(net.ErrClosed)
+	c.Conn.SetWriteDeadline(time.Time{})
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

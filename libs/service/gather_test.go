@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -36,24 +37,27 @@ func (r *recordConn) Close() error { r.closed = true; return nil }
 
 func (r *recordConn) SetWriteDeadline(time.Time) error { return nil }
 
-// fakeTimers stands in for time.AfterFunc: it records the wait and fires
-// when the test says so.
-type fakeTimers struct {
+// fakeTimer stands in for the connection's timer: it records each wait and
+// fires when the test says so.
+type fakeTimer struct {
 	waits []time.Duration
 	fn    func()
 }
 
-func (f *fakeTimers) afterFunc(d time.Duration, fn func()) *time.Timer {
+func (f *fakeTimer) newTimer(d time.Duration, fn func()) gatherTimer {
 	f.waits = append(f.waits, d)
 	f.fn = fn
-	return time.NewTimer(time.Hour) // Reset and Stop work on it; it never fires within a test
+	return f
 }
 
-func newTestGather(hold time.Duration) (*gatherConn, *recordConn, *time.Time, *fakeTimers) {
+func (f *fakeTimer) Reset(d time.Duration) bool { f.waits = append(f.waits, d); return false }
+func (f *fakeTimer) Stop() bool                 { return false }
+
+func newTestGather(hold time.Duration) (*gatherConn, *recordConn, *time.Time, *fakeTimer) {
 	rec := &recordConn{}
 	now := time.Unix(1000, 0)
-	ft := &fakeTimers{}
-	c := newGatherConn(rec, hold, func() time.Time { return now }, ft.afterFunc)
+	ft := &fakeTimer{}
+	c := newGatherConn(rec, hold, func() time.Time { return now }, ft.newTimer)
 	return c, rec, &now, ft
 }
 
@@ -106,7 +110,7 @@ func TestGatherBusyWritesGoTogether(t *testing.T) {
 }
 
 func TestGatherWritesAtTheBound(t *testing.T) {
-	c, rec, now, _ := newTestGather(time.Millisecond)
+	c, rec, now, ft := newTestGather(time.Millisecond)
 	c.Write([]byte("x"))
 	chunk := bytes.Repeat([]byte("y"), 4096)
 	for range gatherMax / len(chunk) {
@@ -118,6 +122,38 @@ func TestGatherWritesAtTheBound(t *testing.T) {
 	}
 	if len(rec.writes) != 2 || len(rec.writes[1]) != gatherMax {
 		t.Fatalf("socket writes of %d bytes at the bound, want one of %d", len(rec.writes[len(rec.writes)-1]), gatherMax)
+	}
+	// The timer armed before the bound still fires, and writes what was
+	// held after it.
+	*now = now.Add(time.Microsecond)
+	c.Write([]byte("z"))
+	if len(rec.writes) != 2 || len(ft.waits) != 1 {
+		t.Fatalf("after the bound: %d socket writes, timer waits %v", len(rec.writes), ft.waits)
+	}
+	ft.fn()
+	if len(rec.writes) != 3 || string(rec.writes[2]) != "z" {
+		t.Fatalf("the pending timer did not write what was held after the bound: %d socket writes", len(rec.writes))
+	}
+}
+
+// Close does not wait on a write blocked by a peer that does not read: it
+// ends it within closeFlush, and the write reports the failure.
+func TestGatherCloseEndsABlockedWrite(t *testing.T) {
+	server, client := net.Pipe() // nothing reads client
+	defer client.Close()
+	c := newGatherConn(server, time.Millisecond, time.Now, realTimer)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := c.Write([]byte("never read"))
+		failed <- err
+	}()
+	// Close may come before the write starts; either way it returns and the
+	// write fails.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-failed; err == nil {
+		t.Fatal("a write to a peer that never read succeeded")
 	}
 }
 
@@ -147,8 +183,28 @@ func TestGatherHeldWriteErrorIsReturnedNext(t *testing.T) {
 	boom := errors.New("connection reset")
 	rec.fail = boom
 	ft.fn()
+	if !rec.closed {
+		t.Fatal("the timer's write failed and the connection was left open")
+	}
 	if _, err := c.Write([]byte("c")); !errors.Is(err, boom) {
 		t.Fatalf("write after a held write failed: %v, want %v", err, boom)
+	}
+}
+
+// Close writes what a failed write left held (TLS makes its last writes fail
+// with a past deadline just before it closes): with its own deadline, once.
+func TestGatherCloseRetriesWhatAFailedWriteLeft(t *testing.T) {
+	c, rec, now, ft := newTestGather(time.Millisecond)
+	c.Write([]byte("a"))
+	*now = now.Add(time.Microsecond)
+	c.Write([]byte("alert"))
+	rec.fail = os.ErrDeadlineExceeded
+	ft.fn()
+	rec.fail = nil
+	rec.closed = false
+	c.Close()
+	if got := fmt.Sprintf("%q", rec.writes); got != `["a" "alert"]` || !rec.closed {
+		t.Fatalf("socket writes %s, closed %v", got, rec.closed)
 	}
 }
 
@@ -171,9 +227,12 @@ func TestGatherHTTP2(t *testing.T) {
 			}
 		}),
 	}
-	go srv.Serve(GatherWrites(ln, 2*time.Millisecond))
+	counted := &countingListener{Listener: ln}
+	go srv.Serve(GatherWrites(counted, 2*time.Millisecond))
 	t.Cleanup(func() { srv.Close() })
-	client := &http.Client{Transport: &http.Transport{Protocols: ClientProtocols()}}
+	tr := &http.Transport{Protocols: ClientProtocols()}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	errs := make(chan error, streams)
@@ -212,4 +271,46 @@ func TestGatherHTTP2(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Every chunk was flushed as a frame of its own; the sockets got them
+	// gathered.
+	conns, writes := counted.counts()
+	if writes >= streams*chunks {
+		t.Fatalf("%d connections, %d socket writes for %d frames", conns, writes, streams*chunks)
+	}
+}
+
+// countingListener counts its connections and their writes.
+type countingListener struct {
+	net.Listener
+	mu            sync.Mutex
+	conns, writes int
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.conns++
+	l.mu.Unlock()
+	return &countingConn{Conn: c, l: l}, nil
+}
+
+func (l *countingListener) counts() (conns, writes int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conns, l.writes
+}
+
+type countingConn struct {
+	net.Conn
+	l *countingListener
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.l.mu.Lock()
+	c.l.writes++
+	c.l.mu.Unlock()
+	return c.Conn.Write(b)
 }
