@@ -46,6 +46,7 @@ type windowConn struct {
 	hdr     []byte // a frame header split across writes, passed on already
 	rest    int    // bytes of the current frame still to pass
 	held    map[uint32]uint32
+	full    int       // entries of held that reached their bound
 	since   time.Time // when the oldest held increment was held
 	out     []byte
 }
@@ -163,26 +164,39 @@ func (w *windowConn) hold(id, incr uint32) {
 	if len(w.held) == 0 {
 		w.since = w.now()
 	}
-	w.held[id] += incr
+	was := w.held[id]
+	w.held[id] = was + incr
+	if bound := holdBound(id); was < bound && was+incr >= bound {
+		w.full++
+	}
+}
+
+func holdBound(id uint32) uint32 {
+	if id == 0 {
+		return holdConn
+	}
+	return holdStream
 }
 
 // due appends the held updates that are due: all of them once the oldest
-// has waited maxHold, else those that reached their bound.
+// has waited maxHold, else those that reached their bound. It runs at every
+// write and a connection holds an update for each of its up to 100
+// streams: the map is only walked when something is due.
 func (w *windowConn) due(out []byte) []byte {
 	if len(w.held) == 0 {
 		return out
 	}
 	all := w.now().Sub(w.since) >= maxHold
+	if !all && w.full == 0 {
+		return out
+	}
 	for id, incr := range w.held {
-		bound := uint32(holdStream)
-		if id == 0 {
-			bound = holdConn
-		}
-		if all || incr >= bound {
+		if all || incr >= holdBound(id) {
 			out = appendWindowUpdate(out, id, incr)
 			delete(w.held, id)
 		}
 	}
+	w.full = 0
 	return out
 }
 
