@@ -180,8 +180,9 @@ func holdBound(id uint32) uint32 {
 
 // due appends the held updates that are due: all of them once the oldest
 // has waited maxHold, else those that reached their bound. It runs at every
-// write and a connection holds an update for each of its up to 100
-// streams: the map is only walked when something is due.
+// write that ends on a frame boundary, and a connection holds an update for
+// each of its up to 100 streams: the map is only walked when something is
+// due.
 func (w *windowConn) due(out []byte) []byte {
 	if len(w.held) == 0 {
 		return out

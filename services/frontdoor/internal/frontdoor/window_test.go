@@ -368,3 +368,60 @@ func TestBufferedConnReads(t *testing.T) {
 		t.Fatalf("read %q, %v; want what arrived, at once", piece[:n], err)
 	}
 }
+
+// An update goes out with the write in which its stream's held sum reaches
+// the bound, with the clock standing still: the only thing that sends it
+// before maxHold. Streams below the bound stay held across that write and go
+// out when they reach it later; the connection's (stream 0) bound is its own.
+func TestWindowConnSendsAtTheBound(t *testing.T) {
+	now := time.Unix(0, 0)
+	rec := &recordConn{}
+	w := newWindowConn(rec, func() time.Time { return now })
+	w.Write([]byte(clientPreface))
+	sent := func() []frame {
+		t.Helper()
+		frames := parseFrames(t, rec.buf.Bytes())
+		var ups []frame
+		for _, f := range frames {
+			if f.typ == frameWindowUpdate {
+				ups = append(ups, f)
+			}
+		}
+		return ups
+	}
+	incr := func(f frame) uint32 { return binary.BigEndian.Uint32(f.payload) }
+	ping := frame{typ: 0x6, payload: []byte("pingpong")}.bytes()
+
+	w.Write(windowUpdate(1, holdStream-1).bytes())
+	w.Write(ping)
+	if ups := sent(); len(ups) != 0 {
+		t.Fatalf("sent %d updates below the bound", len(ups))
+	}
+	// Stream 1 crosses; stream 3 gets half its bound in the same write.
+	w.Write(append(windowUpdate(1, 1).bytes(), windowUpdate(3, holdStream/2).bytes()...))
+	if ups := sent(); len(ups) != 1 || ups[0].id != 1 || incr(ups[0]) != holdStream {
+		t.Fatalf("updates %v, want stream 1's %d alone", ups, holdStream)
+	}
+	// Stream 3 crosses in a write that ends inside a frame header: it goes
+	// out with the next write that ends on a frame boundary.
+	cross := windowUpdate(3, holdStream/2).bytes()
+	before := rec.buf.Len()
+	w.Write(append(cross, ping[:4]...))
+	if passed := rec.buf.Bytes()[before:]; !bytes.Equal(passed, ping[:4]) {
+		t.Fatalf("passed %q inside a frame, want only the frame's first bytes", passed)
+	}
+	w.Write(ping[4:])
+	if ups := sent(); len(ups) != 2 || ups[1].id != 3 || incr(ups[1]) != holdStream {
+		t.Fatalf("updates %v, want stream 3's %d second", ups, holdStream)
+	}
+	// The connection: held below its own bound, sent at it.
+	w.Write(windowUpdate(0, holdStream).bytes())
+	w.Write(ping)
+	if ups := sent(); len(ups) != 2 {
+		t.Fatalf("the connection's update went out below its bound: %v", ups)
+	}
+	w.Write(windowUpdate(0, holdConn-holdStream).bytes())
+	if ups := sent(); len(ups) != 3 || ups[2].id != 0 || incr(ups[2]) != holdConn {
+		t.Fatalf("updates %v, want the connection's %d third", ups, holdConn)
+	}
+}

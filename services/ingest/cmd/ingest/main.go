@@ -5,6 +5,7 @@ package main
 import (
 	"os"
 	"runtime"
+	"strconv"
 
 	"herald.dev/libs/service"
 	"herald.dev/services/ingest/internal/ingest"
@@ -14,9 +15,9 @@ func main() {
 	// The leader is one sequential pipeline (etcd's watch, a record, an
 	// append, its ack): more than one P only adds the scheduler waking an
 	// idle thread at every hand-off between goroutines, about a fifth of
-	// ingest's CPU at 200 events/s (docs/operations.md). The environment's
-	// GOMAXPROCS still decides.
-	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+	// ingest's CPU at 200 events/s (docs/operations.md). A GOMAXPROCS the
+	// runtime accepts (a positive number) in the environment still decides.
+	if n, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err != nil || n <= 0 {
 		runtime.GOMAXPROCS(1)
 	}
 	var cfg ingest.Config
