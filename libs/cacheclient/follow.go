@@ -158,7 +158,8 @@ func (f *follower) follow(shard int, after int64) {
 			return false
 		}
 	}
-	req := &heraldv1.WatchRequest{Resource: f.s.req.Resource, Namespace: f.s.req.Namespace, AfterRevision: after, Follow: true}
+	req := &heraldv1.WatchRequest{Resource: f.s.req.Resource, Namespace: f.s.req.Namespace, AfterRevision: after, Follow: true,
+		OmitUnchangedPrev: f.s.req.OmitUnchangedPrev}
 	st, err := f.s.clients[shard].Watch(ctx, req, f.s.opts...)
 	if err != nil {
 		send(shardBatch{shard: shard, err: err})

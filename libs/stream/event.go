@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"maps"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -60,6 +61,7 @@ func Event(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespace, n
 		if p != nil {
 			ev.Type = heraldv1.EventType_MODIFIED
 			ev.PrevObject, ev.PrevLabels, ev.PrevFields = p.WithRev(rev), p.Labels, p.Fields
+			ev.PrevUnchanged = maps.Equal(p.Labels, obj.Labels) && maps.Equal(p.Fields, obj.Fields)
 		}
 		return ev, obj, nil
 	case heraldv1.Change_DELETE:

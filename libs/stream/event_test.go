@@ -127,3 +127,56 @@ func TestEventCallsPrevOnlyWhenNeeded(t *testing.T) {
 		t.Errorf("prev called %d times", calls)
 	}
 }
+
+// TestEventPrevUnchanged: an update is marked prev_unchanged exactly when
+// no selector can tell the two states apart (same labels, same selectable
+// fields), whatever else changed.
+func TestEventPrevUnchanged(t *testing.T) {
+	reg := testRegistry(t)
+	pods := resource(t, reg, "pods")
+	const key = "/registry/pods/default/a"
+	pod := func(labels, node, image string) []byte {
+		return []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"default","labels":` + labels +
+			`},"spec":{"nodeName":"` + node + `","containers":[{"name":"c","image":"` + image + `"}]}}`)
+	}
+	dec, err := kube.NewDecoder(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := dec.Decode(context.Background(), pods, key, "default", "a", pod(`{"app":"x"}`, "n1", "i1"), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		value []byte
+		want  bool
+	}{
+		{"image changed", pod(`{"app":"x"}`, "n1", "i2"), true},
+		{"nothing changed", pod(`{"app":"x"}`, "n1", "i1"), true},
+		{"label value changed", pod(`{"app":"y"}`, "n1", "i1"), false},
+		{"label added", pod(`{"app":"x","tier":"web"}`, "n1", "i1"), false},
+		{"labels removed", pod(`{}`, "n1", "i1"), false},
+		{"selectable field changed", pod(`{"app":"x"}`, "n2", "i1"), false},
+	} {
+		c := &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: tc.value, CreateRevision: 5}
+		ev, _, err := Event(context.Background(), dec, pods, "default", "a", 10, c, func() (*kube.Object, error) { return old, nil })
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ev.Type != heraldv1.EventType_MODIFIED || ev.PrevUnchanged != tc.want {
+			t.Errorf("%s: %v, prev_unchanged %v, want MODIFIED, %v", tc.name, ev.Type, ev.PrevUnchanged, tc.want)
+		}
+		// The event itself always carries the previous state; only a
+		// stream that asks leaves it out (the cache's watchSender).
+		if string(ev.PrevObject) != string(old.WithRev(10)) || ev.PrevFields["spec.nodeName"] != "n1" {
+			t.Errorf("%s: previous object %s, fields %v", tc.name, ev.PrevObject, ev.PrevFields)
+		}
+	}
+	created, _, err := Event(context.Background(), dec, pods, "default", "a", 10,
+		&heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: pod(`{"app":"x"}`, "n1", "i1"), CreateRevision: 10},
+		func() (*kube.Object, error) { return nil, nil })
+	if err != nil || created.Type != heraldv1.EventType_ADDED || created.PrevUnchanged {
+		t.Errorf("create: %v, prev_unchanged %v, err %v; want ADDED, false", created.GetType(), created.GetPrevUnchanged(), err)
+	}
+}

@@ -385,8 +385,15 @@ type Event struct {
 	// (the most expensive step of a protobuf watch event). Never part of what
 	// JSON clients see.
 	ObjectProtobuf []byte `protobuf:"bytes,13,opt,name=object_protobuf,json=objectProtobuf,proto3" json:"object_protobuf,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// MODIFIED only: the previous state had the same labels and fields as
+	// object, so no selector tells the two states apart and no watcher sees
+	// the event as DELETED. A stream whose request set omit_unchanged_prev
+	// then carries no prev_object, prev_labels and prev_fields (they are
+	// labels and fields again, and prev_object is never served); to any
+	// other stream it is only a hint.
+	PrevUnchanged bool `protobuf:"varint,14,opt,name=prev_unchanged,json=prevUnchanged,proto3" json:"prev_unchanged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -508,6 +515,13 @@ func (x *Event) GetObjectProtobuf() []byte {
 		return x.ObjectProtobuf
 	}
 	return nil
+}
+
+func (x *Event) GetPrevUnchanged() bool {
+	if x != nil {
+		return x.PrevUnchanged
+	}
+	return false
 }
 
 type ListRequest struct {
@@ -741,8 +755,13 @@ type WatchRequest struct {
 	// stream still says how far it is complete. Empty: every event.
 	LabelSelector string `protobuf:"bytes,9,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
 	FieldSelector string `protobuf:"bytes,10,opt,name=field_selector,json=fieldSelector,proto3" json:"field_selector,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The client reads Event.prev_unchanged: send its MODIFIED events
+	// without the previous state (a status update, the most common change,
+	// then costs one object on the wire instead of two). A client that does
+	// not set it gets every previous state, whatever version the cache runs.
+	OmitUnchangedPrev bool `protobuf:"varint,11,opt,name=omit_unchanged_prev,json=omitUnchangedPrev,proto3" json:"omit_unchanged_prev,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -845,6 +864,13 @@ func (x *WatchRequest) GetFieldSelector() string {
 	return ""
 }
 
+func (x *WatchRequest) GetOmitUnchangedPrev() bool {
+	if x != nil {
+		return x.OmitUnchangedPrev
+	}
+	return false
+}
+
 // WatchResponse carries a batch of events in non-decreasing revision order
 // (events of one transaction share a revision). A response never splits a
 // revision: once it has been received, everything up to the revision of its
@@ -924,7 +950,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03PUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x02\"\x97\x06\n" +
+	"\x06DELETE\x10\x02\"\xbe\x06\n" +
 	"\x05Event\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.herald.v1.EventTypeR\x04type\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
@@ -942,7 +968,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"prevFields\x12,\n" +
 	"\x12observed_unix_nano\x18\v \x01(\x03R\x10observedUnixNano\x12 \n" +
 	"\vtraceparent\x18\f \x01(\tR\vtraceparent\x12'\n" +
-	"\x0fobject_protobuf\x18\r \x01(\fR\x0eobjectProtobuf\x1a9\n" +
+	"\x0fobject_protobuf\x18\r \x01(\fR\x0eobjectProtobuf\x12%\n" +
+	"\x0eprev_unchanged\x18\x0e \x01(\bR\rprevUnchanged\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -971,7 +998,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
 	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01\x12\x12\n" +
 	"\x04keys\x18\x05 \x03(\tR\x04keysB\x17\n" +
-	"\x15_remaining_item_count\"\xe6\x02\n" +
+	"\x15_remaining_item_count\"\x96\x03\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -985,7 +1012,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x0estate_revision\x18\b \x01(\x03R\rstateRevision\x12%\n" +
 	"\x0elabel_selector\x18\t \x01(\tR\rlabelSelector\x12%\n" +
 	"\x0efield_selector\x18\n" +
-	" \x01(\tR\rfieldSelector\"9\n" +
+	" \x01(\tR\rfieldSelector\x12.\n" +
+	"\x13omit_unchanged_prev\x18\v \x01(\bR\x11omitUnchangedPrev\"9\n" +
 	"\rWatchResponse\x12(\n" +
 	"\x06events\x18\x01 \x03(\v2\x10.herald.v1.EventR\x06events*[\n" +
 	"\tEventType\x12\x1a\n" +

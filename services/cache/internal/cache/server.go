@@ -214,7 +214,7 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	w := &watchSender{stream: stream, sel: sel}
+	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev}
 	var sub *subscriber
 	if req.Follow {
 		sub = newSubscriber(v.s.cfg.SubscriberBuffer)
@@ -373,11 +373,12 @@ const (
 // state: its ADDED events carry their objects' own revisions and are
 // followed by a bookmark, so they may be cut anywhere.
 type watchSender struct {
-	stream  heraldv1.Cache_WatchServer
-	sel     *kube.Selector // the request's namespace and selectors
-	events  []*heraldv1.Event
-	bytes   int // of the events' objects
-	inState bool
+	stream   heraldv1.Cache_WatchServer
+	sel      *kube.Selector // the request's namespace and selectors
+	omitPrev bool           // the request's omit_unchanged_prev
+	events   []*heraldv1.Event
+	bytes    int // of the events' objects
+	inState  bool
 }
 
 // add appends ev to the response being built, sending it first when full.
@@ -387,9 +388,31 @@ func (w *watchSender) add(ev *heraldv1.Event) error {
 			return err
 		}
 	}
+	if w.omitPrev && ev.PrevUnchanged {
+		ev = withoutPrev(ev)
+	}
 	w.events = append(w.events, ev)
 	w.bytes += len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf)
 	return nil
+}
+
+// withoutPrev is ev without its previous state, for a stream that asked
+// for omit_unchanged_prev. The window keeps ev whole: other streams may
+// not have asked. It shares ev's bytes and maps, which nobody modifies.
+func withoutPrev(ev *heraldv1.Event) *heraldv1.Event {
+	return &heraldv1.Event{
+		Type:             ev.Type,
+		Revision:         ev.Revision,
+		Namespace:        ev.Namespace,
+		Name:             ev.Name,
+		Object:           ev.Object,
+		Labels:           ev.Labels,
+		Fields:           ev.Fields,
+		ObservedUnixNano: ev.ObservedUnixNano,
+		Traceparent:      ev.Traceparent,
+		ObjectProtobuf:   ev.ObjectProtobuf,
+		PrevUnchanged:    true,
+	}
 }
 
 // addFiltered adds ev unless it cannot concern the request's watcher (see
@@ -412,7 +435,7 @@ func (w *watchSender) concerns(ev *heraldv1.Event) bool {
 	case w.sel.Matches(ev.Namespace, ev.Labels, ev.Fields):
 		return true
 	}
-	return ev.Type == heraldv1.EventType_MODIFIED && w.sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
+	return ev.Type == heraldv1.EventType_MODIFIED && !ev.PrevUnchanged && w.sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
 }
 
 // flush sends the response being built, if it holds anything.

@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/kube"
@@ -292,9 +295,105 @@ func TestWatchSelectorsKeepTransitions(t *testing.T) {
 		{"modified, never matching", ev(heraldv1.EventType_MODIFIED, "a", db, n1, web, n2), false},
 		{"deleted, matching", ev(heraldv1.EventType_DELETED, "a", web, n1, nil, nil), true},
 		{"deleted, not matching", ev(heraldv1.EventType_DELETED, "a", db, n1, web, n1), false},
+		{"modified, unchanged selection, matching", unchanged(ev(heraldv1.EventType_MODIFIED, "a", web, n1, nil, nil)), true},
+		{"modified, unchanged selection, not matching", unchanged(ev(heraldv1.EventType_MODIFIED, "a", db, n1, nil, nil)), false},
 	} {
 		if got := w.concerns(c.ev); got != c.want {
 			t.Errorf("%s: concerns = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func unchanged(ev *heraldv1.Event) *heraldv1.Event {
+	ev.PrevUnchanged = true
+	return ev
+}
+
+// A stream that asks for omit_unchanged_prev gets a MODIFIED event whose
+// labels and fields did not change without its previous state; every other
+// event, and every event of a stream that did not ask, whole. The window
+// keeps each event whole either way.
+func TestWatchOmitsUnchangedPrev(t *testing.T) {
+	rs := newWindow(t, 100)
+	apply(t, rs, 11, put("a", "p1"), put("a", "p2"))
+	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
+	f := map[string]string{"metadata.name": "p1", "metadata.namespace": "a"}
+	modified := func(name string, l, pl map[string]string) *heraldv1.Event {
+		return &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "a", Name: name,
+			Object: []byte(`{"new":1}`), Labels: l, Fields: f, ObjectProtobuf: []byte("k8s\x00"), ObservedUnixNano: 7, Traceparent: "tp",
+			PrevObject: []byte(`{"old":1}`), PrevLabels: pl, PrevFields: f, PrevUnchanged: maps.Equal(l, pl)}
+	}
+	evs := []*heraldv1.Event{modified("p1", web, web), modified("p2", db, web)}
+	rs.applyRevision(12, evs, []*kube.Object{nil, nil}, []string{rs.res.ObjectKey("a", "p1"), rs.res.ObjectKey("a", "p2")})
+	v, _ := testServer(t, rs, 12, 8)
+
+	for _, omit := range []bool{false, true} {
+		_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 11, OmitUnchangedPrev: omit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []*heraldv1.Event
+		for _, r := range resps {
+			for _, ev := range r {
+				if ev.Type == heraldv1.EventType_MODIFIED {
+					got = append(got, ev)
+				}
+			}
+		}
+		if len(got) != 2 {
+			t.Fatalf("omit %v: %d MODIFIED events, want 2", omit, len(got))
+		}
+		want := evs[0]
+		if omit {
+			want = &heraldv1.Event{Type: evs[0].Type, Revision: 12, Namespace: "a", Name: "p1", Object: evs[0].Object, Labels: web, Fields: f,
+				ObjectProtobuf: evs[0].ObjectProtobuf, ObservedUnixNano: 7, Traceparent: "tp", PrevUnchanged: true}
+		}
+		if !proto.Equal(got[0], want) {
+			t.Errorf("omit %v, selection unchanged: sent %v, want %v", omit, got[0], want)
+		}
+		if !proto.Equal(got[1], evs[1]) {
+			t.Errorf("omit %v, labels changed: sent %v, want it whole %v", omit, got[1], evs[1])
+		}
+	}
+	if len(evs[0].PrevObject) == 0 || evs[0].PrevLabels == nil {
+		t.Errorf("the window's event lost its previous state: %v", evs[0])
+	}
+}
+
+// withoutPrev copies every field of an event but the previous state's,
+// including fields added to Event later.
+func TestWithoutPrevKeepsEveryOtherField(t *testing.T) {
+	full := &heraldv1.Event{}
+	m := full.ProtoReflect()
+	fds := m.Descriptor().Fields()
+	for i := range fds.Len() {
+		fd := fds.Get(i)
+		switch {
+		case fd.IsMap():
+			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString(string(fd.Name())))
+		case fd.Kind() == protoreflect.EnumKind:
+			m.Set(fd, protoreflect.ValueOfEnum(1))
+		case fd.Kind() == protoreflect.Int64Kind:
+			m.Set(fd, protoreflect.ValueOfInt64(int64(fd.Number())))
+		case fd.Kind() == protoreflect.StringKind:
+			m.Set(fd, protoreflect.ValueOfString(string(fd.Name())))
+		case fd.Kind() == protoreflect.BytesKind:
+			m.Set(fd, protoreflect.ValueOfBytes([]byte(fd.Name())))
+		case fd.Kind() == protoreflect.BoolKind:
+			m.Set(fd, protoreflect.ValueOfBool(true))
+		default:
+			t.Fatalf("field %s of kind %v: teach this test to set it", fd.Name(), fd.Kind())
+		}
+	}
+	out := withoutPrev(full).ProtoReflect()
+	for i := range fds.Len() {
+		fd := fds.Get(i)
+		prev := strings.HasPrefix(string(fd.Name()), "prev_") && fd.Name() != "prev_unchanged"
+		if prev && out.Has(fd) {
+			t.Errorf("%s kept", fd.Name())
+		}
+		if !prev && !out.Get(fd).Equal(m.Get(fd)) {
+			t.Errorf("%s = %v, want %v", fd.Name(), out.Get(fd), m.Get(fd))
 		}
 	}
 }

@@ -91,7 +91,11 @@ func (it *item) transition(sel *kube.Selector) kube.Transition {
 	}
 	cur := sel.Matches(ev.Namespace, ev.Labels, ev.Fields)
 	prev := false
-	if ev.Type == heraldv1.EventType_MODIFIED {
+	switch {
+	case ev.Type != heraldv1.EventType_MODIFIED:
+	case ev.PrevUnchanged: // no previous state on the wire: it selects alike
+		prev = cur
+	default:
 		prev = sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
 	}
 	return kube.Decide(kind, cur, prev)

@@ -99,7 +99,7 @@ func (h *hub) runOnce(ctx context.Context) error {
 	defer cancel()
 	// Wait for a ready connection: a replica may be restarting, and the
 	// stream is long-lived anyway.
-	st, err := h.cache.Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), Follow: true}, grpc.WaitForReady(true))
+	st, err := h.cache.Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), Follow: true, OmitUnchangedPrev: true}, grpc.WaitForReady(true))
 	if err != nil {
 		return err
 	}

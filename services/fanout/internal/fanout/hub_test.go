@@ -56,6 +56,9 @@ func TestHubMergesShardStreams(t *testing.T) {
 
 	ev := func(rev int64) *heraldv1.Event { return cachetest.Event(heraldv1.EventType_MODIFIED, rev, "p") }
 	wa, wb := <-a.Watches, <-b.Watches
+	if !wa.Req.OmitUnchangedPrev || !wb.Req.OmitUnchangedPrev {
+		t.Errorf("the shards were asked %+v, %+v; want omit_unchanged_prev (fanout reads prev_unchanged)", wa.Req, wb.Req)
+	}
 	wa.Send(cachetest.Bookmark(10))
 	wb.Send(cachetest.Bookmark(12))
 	<-h.synced

@@ -88,6 +88,7 @@ func (x *watcherIndex) each(ev *heraldv1.Event, fn func(*watcher)) {
 			fn(w)
 		}
 	}
+	// A prev_unchanged event has no PrevFields: its node is the same.
 	if prev, pok := ev.PrevFields[indexedField]; pok && (!ok || prev != node) {
 		for w := range x.byNode[prev] {
 			fn(w)

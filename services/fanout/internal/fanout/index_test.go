@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"testing"
 
@@ -74,6 +75,45 @@ func TestWatcherIndex(t *testing.T) {
 	}
 	if x.n != 0 || len(x.all) != 0 || len(x.byNS) != 0 || len(x.byNode) != 0 {
 		t.Fatalf("index not empty after removing everything: %+v", x)
+	}
+}
+
+// A MODIFIED event that comes without its previous state (prev_unchanged)
+// reaches the watchers its object matches as MODIFIED, never as ADDED, and
+// no other watcher: the previous state selected alike.
+func TestDispatchPrevUnchanged(t *testing.T) {
+	pods := podsResource(t)
+	h := newHub(pods, nil, ringLimits{events: 16, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
+	mk := func(ls, fs string) *watcher {
+		sel, err := kube.ParseSelector(pods, "", ls, fs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := newWatcher(sel, 4, 1<<20)
+		h.watchers.add(w)
+		return w
+	}
+	all, web, db, n1, n2 := mk("", ""), mk("app=web", ""), mk("app=db", ""), mk("", "spec.nodeName=n1"), mk("", "spec.nodeName=n2")
+	h.mu.Lock()
+	n := h.dispatch(newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 5, Namespace: "default", Name: "p",
+		Object: []byte(`{"kind":"Pod"}`), Labels: map[string]string{"app": "web"},
+		Fields: map[string]string{"metadata.name": "p", "metadata.namespace": "default", "spec.nodeName": "n1"}, PrevUnchanged: true}))
+	h.mu.Unlock()
+	if n != 3 {
+		t.Errorf("queued to %d watchers, want 3", n)
+	}
+	for name, c := range map[string]struct {
+		w    *watcher
+		want []kube.Transition
+	}{"all": {all, []kube.Transition{kube.AsModified}}, "app=web": {web, []kube.Transition{kube.AsModified}},
+		"app=db": {db, nil}, "node n1": {n1, []kube.Transition{kube.AsModified}}, "node n2": {n2, nil}} {
+		var got []kube.Transition
+		for _, q := range c.w.take(nil) {
+			got = append(got, q.t)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: transitions %v, want %v", name, got, c.want)
+		}
 	}
 }
 

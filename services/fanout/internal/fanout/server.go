@@ -310,7 +310,7 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 		// of the cluster for each of thousands of kubelets).
 		rev, err := s.initialState(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
-			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String()})
+			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String(), OmitUnchangedPrev: true})
 		if err != nil {
 			return 0, err
 		}
@@ -335,7 +335,7 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 			return last, st.err
 		}
 		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last,
-			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String()})
+			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String(), OmitUnchangedPrev: true})
 		if err != nil {
 			return 0, err
 		}
