@@ -25,6 +25,25 @@ func BenchmarkDecodePodProtobuf(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodePodJSON reads the pod as kube-apiserver stores it with
+// --storage-media-type=application/json.
+func BenchmarkDecodePodJSON(b *testing.B) {
+	c, res, key, _ := benchPod(b)
+	pod := samplePod()
+	pod.SetGroupVersionKind(res.StorageGVK())
+	stored, err := c.EncodeJSON(pod)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stored)))
+	for b.Loop() {
+		if _, err := c.Decode(context.Background(), res, key, stored, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkEncodePod(b *testing.B) {
 	c, res, key, stored := benchPod(b)
 	obj, err := c.Decode(context.Background(), res, key, stored, 1)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -250,6 +251,13 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 		return nil, schema.GroupVersionKind{}, ErrCorrupt, errors.New("neither protobuf nor JSON")
 	}
 	want := res.StorageGVK()
+	if c.Typed(want) {
+		if out, ok := c.decodeTyped(data, want); ok {
+			return out, want, nil, nil
+		}
+	}
+	// Everything else reads apiVersion and kind first, as the serializer's
+	// Decode does.
 	found, err := k8sjson.DefaultMetaFactory.Interpret(data)
 	if err != nil {
 		return nil, schema.GroupVersionKind{}, ErrCorrupt, err
@@ -276,9 +284,7 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 			return nil, schema.GroupVersionKind{}, ErrUnknownKind, fmt.Errorf("stored %v", gvk)
 		}
 		// What the (non-strict) serializer's Decode does for this kind,
-		// without reading apiVersion and kind a second time: Interpret
-		// above scanned the whole value once already (on every event of
-		// a JSON-stored resource).
+		// into a new object: decodeTyped's may be half filled.
 		out, err := c.scheme.New(want)
 		if err != nil {
 			return nil, schema.GroupVersionKind{}, ErrUnknownKind, err
@@ -295,6 +301,37 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 		return nil, schema.GroupVersionKind{}, ErrCorrupt, err
 	}
 	return u, gvk, nil, nil
+}
+
+// decodeTyped decodes data into a new object of the built-in kind want, as
+// the serializer's Decode does, and reports whether the serializer would
+// have found want in it too: apiVersion and kind are want's (so both are
+// present) and no top-level key is unknown. The serializer reads them with
+// encoding/json, which matches keys case-insensitively, where the decode
+// matches them exactly: a "KIND" after "kind", or a "Kind" that is not a
+// string, is an unknown field here but another kind or an error there. This
+// spares that second pass over the whole value on every event of a
+// JSON-stored resource; on false, decodeJSON reads the value as before.
+func (c *Codec) decodeTyped(data []byte, want schema.GroupVersionKind) (runtime.Object, bool) {
+	out, err := c.scheme.New(want)
+	if err != nil {
+		return nil, false
+	}
+	// Strict errors change nothing in what is decoded: they name the
+	// unknown fields.
+	unknown, err := kjson.UnmarshalStrict(data, out, kjson.DisallowUnknownFields)
+	// kjson keeps the first 100 strict errors only: a top-level one may
+	// be past them.
+	if err != nil || len(unknown) >= 100 || out.GetObjectKind().GroupVersionKind() != want {
+		return nil, false
+	}
+	for _, u := range unknown {
+		// A nested field's path has a dot ("spec.x").
+		if f, ok := u.(kjson.FieldError); !ok || !strings.Contains(f.FieldPath(), ".") {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 // readAsKubeAPIServer applies kube-apiserver's decode-time defaulting (its

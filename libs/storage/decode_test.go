@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -340,5 +342,90 @@ func TestDecodeJSON(t *testing.T) {
 	}
 	if pom := got.PartialObjectMetadata(); pom.Name != "w" || pom.ResourceVersion != "5" {
 		t.Errorf("custom resource metadata: %+v", pom)
+	}
+}
+
+// TestDecodeJSONTyped checks that decodeTyped, which skips reading apiVersion
+// and kind with encoding/json, accepts a value only where that reading would
+// find the resource's kind, and that every other value reads as before.
+func TestDecodeJSONTyped(t *testing.T) {
+	c := newTestCodec(t, nil)
+	table := NewBuiltinTable()
+	pods := table.Lookup(gvr("", "v1", "pods"))
+	deployments := table.Lookup(gvr("apps", "v1", "deployments"))
+	pod, _ := served(t, c, samplePod(), pods.StorageGVK(), 9)
+	svc, _ := served(t, c, samples()[1].obj, corev1.SchemeGroupVersion.WithKind("Service"), 9)
+	var manyUnknown strings.Builder
+	for i := range 150 {
+		fmt.Fprintf(&manyUnknown, `"u%d":0,`, i)
+	}
+
+	tests := []struct {
+		name  string
+		res   *Resource
+		value string
+		fast  bool  // decodeTyped accepts it
+		want  error // nil: decodes as the serializer does
+	}{
+		{"pod", pods, string(pod), true, nil},
+		{"pod with unknown nested fields", pods, `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","KIND":"x"},"spec":{"Kind":1}}`, true, nil},
+		{"no apiVersion and kind", pods, `{"metadata":{"name":"p"}}`, false, nil},
+		{"no apiVersion", pods, `{"kind":"Pod","metadata":{"name":"p"}}`, false, nil},
+		{"keys in another case", pods, `{"APIVERSION":"v1","Kind":"Pod","metadata":{"name":"p"}}`, false, nil},
+		{"kind in another case", pods, `{"apiVersion":"v1","KIND":"Service","metadata":{"name":"p"}}`, false, ErrWrongKind},
+		{"kind then kind in another case", pods, `{"apiVersion":"v1","kind":"Pod","KIND":"Service","metadata":{"name":"p"}}`, false, ErrWrongKind},
+		{"kind with a Kelvin sign", pods, `{"apiVersion":"v1","kind":"Pod","\u212aind":"Service"}`, false, ErrWrongKind},
+		{"apiVersion in another case", pods, `{"apiVersion":"v1","kind":"Pod","ApiVersion":"apps/v1"}`, false, ErrWrongKind},
+		{"kind in another case not a string", pods, `{"apiVersion":"v1","kind":"Pod","Kind":7}`, false, ErrCorrupt},
+		{"kind in another case after 150 unknown fields", pods, `{"apiVersion":"v1","kind":"Pod","spec":{` + manyUnknown.String() + `"nodeName":"n"},"KIND":"Service"}`, false, ErrWrongKind},
+		{"kind twice", pods, `{"apiVersion":"v1","kind":"Pod","kind":"Service"}`, false, ErrWrongKind},
+		{"kind not a string", pods, `{"apiVersion":"v1","kind":7}`, false, ErrCorrupt},
+		{"apiVersion not parsed", pods, `{"apiVersion":"a/b/c","kind":"Pod"}`, false, ErrCorrupt},
+		{"another kind", pods, string(svc), false, ErrWrongKind},
+		{"another version", deployments, `{"apiVersion":"apps/v1beta1","kind":"Deployment","metadata":{"name":"d"}}`, false, ErrWrongKind},
+		{"an unknown version", deployments, `{"apiVersion":"apps/v0","kind":"Deployment","metadata":{"name":"d"}}`, false, ErrUnknownKind},
+		{"invalid JSON", pods, `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}`, false, ErrCorrupt},
+		{"trailing data", pods, `{"apiVersion":"v1","kind":"Pod"} {}`, false, ErrCorrupt},
+		{"a field of the wrong type", pods, `{"apiVersion":"v1","kind":"Pod","spec":{"nodeName":1}}`, false, ErrCorrupt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, fast := c.decodeTyped([]byte(tt.value), tt.res.StorageGVK()); fast != tt.fast {
+				t.Errorf("decodeTyped accepts: %v, want %v", fast, tt.fast)
+			}
+			got, gvk, kind, _ := c.decodeJSON(tt.res, []byte(tt.value))
+			if kind != tt.want {
+				t.Fatalf("got %v, want %v", kind, tt.want)
+			}
+			if tt.want != nil {
+				return
+			}
+			sgvk := tt.res.StorageGVK()
+			want, _, err := c.json.Decode([]byte(tt.value), &sgvk, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gvk != sgvk || !reflect.DeepEqual(got, want) {
+				t.Errorf("decoded %v %#v\nserializer %#v", gvk, got, want)
+			}
+		})
+	}
+
+	// Every built-in kind: no top-level decoding of its own hides a key
+	// from decodeTyped.
+	for _, res := range table.Resources() {
+		want := res.StorageGVK()
+		if !c.Typed(want) {
+			continue
+		}
+		apiVersion, kind := want.GroupVersion().String(), want.Kind
+		plain := fmt.Sprintf(`{"apiVersion":%q,"kind":%q}`, apiVersion, kind)
+		other := fmt.Sprintf(`{"apiVersion":%q,"kind":%q,"KIND":"Other"}`, apiVersion, kind)
+		if _, fast := c.decodeTyped([]byte(plain), want); !fast {
+			t.Errorf("%v: %s not decoded at once", want, plain)
+		}
+		if _, _, kind, _ := c.decodeJSON(res, []byte(other)); kind != ErrWrongKind {
+			t.Errorf("%v: %s read as %v, want ErrWrongKind", want, other, kind)
+		}
 	}
 }
