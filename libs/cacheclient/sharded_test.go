@@ -366,14 +366,14 @@ func TestStateIsOneRevisionAcrossShards(t *testing.T) {
 		return []*heraldv1.Event{cachetest.Bookmark(req.AfterRevision), cachetest.Event(modified, 10, "b"), cachetest.Bookmark(11)}
 	})
 	st, err := c.Watch(t.Context(), &heraldv1.WatchRequest{Resource: "pods", InitialEvents: true, Consistent: true,
-		LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1"})
+		LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1", OmitUnchangedPrev: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	recvShape(t, st, "3", "5")
 	recvShape(t, st, "4")
-	if second.StateRevision != 9 || second.Consistent || second.LabelSelector != "app=web" || second.FieldSelector != "spec.nodeName=n1" {
-		t.Fatalf("second shard asked %+v, want the state exactly at 9 under the watcher's selectors", second)
+	if second.StateRevision != 9 || second.Consistent || second.LabelSelector != "app=web" || second.FieldSelector != "spec.nodeName=n1" || !second.OmitUnchangedPrev {
+		t.Fatalf("second shard asked %+v, want the state exactly at 9 under the watcher's selectors and omit_unchanged_prev", second)
 	}
 	recvShape(t, st, "b9")
 	recvShape(t, st, "10", "b11") // then what follows, merged
@@ -481,7 +481,7 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // a replay that collects first never answers
 	defer cancel()
-	st, err := c.Watch(ctx, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5, LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1"})
+	st, err := c.Watch(ctx, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5, LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1", OmitUnchangedPrev: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,8 +493,8 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 		t.Fatalf("first response: %d events from %d, want at least %d from 20", len(resp.Events), resp.Events[0].Revision, 256)
 	}
 	for i, r := range reqs {
-		if r.LabelSelector != "app=web" || r.FieldSelector != "spec.nodeName=n1" || r.AfterRevision != 5 {
-			t.Errorf("shard %d asked %+v, want the selectors and after 5", i, r)
+		if r.LabelSelector != "app=web" || r.FieldSelector != "spec.nodeName=n1" || r.AfterRevision != 5 || !r.OmitUnchangedPrev {
+			t.Errorf("shard %d asked %+v, want the selectors, after 5 and omit_unchanged_prev", i, r)
 		}
 	}
 }

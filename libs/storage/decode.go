@@ -311,8 +311,18 @@ func (c *Codec) decodeJSON(res *Resource, data []byte) (runtime.Object, schema.G
 // matches them exactly: a "KIND" after "kind", or a "Kind" that is not a
 // string, is an unknown field here but another kind or an error there. This
 // spares that second pass over the whole value on every event of a
-// JSON-stored resource; on false, decodeJSON reads the value as before.
-func (c *Codec) decodeTyped(data []byte, want schema.GroupVersionKind) (runtime.Object, bool) {
+// JSON-stored resource; on false, decodeJSON reads the value as before,
+// so a value that falls back (one without apiVersion and kind, or with a
+// top-level field this build does not know) costs one decode more than it
+// did.
+func (c *Codec) decodeTyped(data []byte, want schema.GroupVersionKind) (obj runtime.Object, ok bool) {
+	// A decoder that panics on a value of another kind must not turn its
+	// ErrWrongKind into Decode's ErrCorrupt: the old path decides.
+	defer func() {
+		if recover() != nil {
+			obj, ok = nil, false
+		}
+	}()
 	out, err := c.scheme.New(want)
 	if err != nil {
 		return nil, false
