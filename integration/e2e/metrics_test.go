@@ -124,12 +124,13 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 	})
 
 	// Gauges at rest: every hop caught up, nothing queued.
-	gauges := []struct {
+	type gauge struct {
 		p      *stack.Proc
 		name   string
 		labels string
 		want   float64
-	}{
+	}
+	gauges := []gauge{
 		{ingest, "herald_ingest_leader", "", 1},
 		{ingest, "herald_ingest_revision_lag", "", 0},
 		{cache, "herald_cache_jetstream_consumer_pending_messages", "", 0},
@@ -141,6 +142,13 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		{fanout, "herald_fanout_hub_watchers", pods, M},
 		{fanout, "herald_fanout_watch_queue_events", pods, 0},
 		{front, "apiserver_longrunning_requests", `verb="WATCH",resource="pods"`, M},
+	}
+	if n := e.MaxProcs(); n > 0 {
+		// Each service runs with its share of the machine's cores
+		// (docs/operations.md).
+		for _, p := range []*stack.Proc{ingest, cache, fanout, front} {
+			gauges = append(gauges, gauge{p, "go_sched_gomaxprocs_threads", "", float64(n)})
+		}
 	}
 	eventually(t, ctx, "gauges at rest", func() string {
 		for _, g := range gauges {

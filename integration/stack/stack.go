@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,6 +131,8 @@ type Stack struct {
 
 	mu    sync.Mutex
 	procs []*Proc
+	// maxProcs is every service process's GOMAXPROCS (see share).
+	maxProcs int
 }
 
 // Proc is one service process.
@@ -257,6 +260,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.FrontdoorURL = s.FrontdoorURLs[0]
 
+	s.maxProcs = share(runtime.NumCPU(), len(s.procs))
 	for _, p := range s.procs {
 		if err := p.Start(); err != nil {
 			return nil, err
@@ -280,6 +284,26 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// MaxProcs is the GOMAXPROCS the stack gives every service process, 0 when
+// the environment's GOMAXPROCS decides.
+func (s *Stack) MaxProcs() int {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return 0
+	}
+	return s.maxProcs
+}
+
+// share is the GOMAXPROCS of each of procs service processes on a host of
+// cpus cores: an even share, at least one. The stack's processes share one
+// host (with etcd and NATS too), where a deployment gives each its own CPU;
+// each with Go's default, every core, wakes idle threads to look for work
+// at every hand-off between its goroutines, against the others for the
+// same cores (docs/operations.md). A GOMAXPROCS in the environment decides
+// instead.
+func share(cpus, procs int) int {
+	return max(1, cpus/max(procs, 1))
 }
 
 // addCaches adds the cache processes and returns the shard map naming them.
@@ -553,6 +577,9 @@ func (p *Proc) Start() error {
 		out = f
 	}
 	cmd.Stdout, cmd.Stderr = out, out
+	if n := p.stack.MaxProcs(); n > 0 {
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(n))
+	}
 	// Children die with the stack, even if it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

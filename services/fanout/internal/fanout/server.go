@@ -299,18 +299,32 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
 }
 
+// stateRequest asks the cache for a watcher's initial state. The selectors
+// travel with the request: the cache sends only the objects this watcher
+// sees (a kubelet's two pods, not every pod of the cluster for each of
+// thousands of kubelets). Like every request fanout makes, it takes updates
+// that left labels and selectable fields alone without their previous
+// state (transition needs none for them).
+func stateRequest(info kube.RequestInfo, sel *kube.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
+	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
+		InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+}
+
+// replayRequest asks the cache for a watcher's events after revision
+// after, when the hub's ring no longer holds them.
+func replayRequest(info kube.RequestInfo, sel *kube.Selector, after int64) *heraldv1.WatchRequest {
+	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: after,
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+}
+
 // start sends the initial events (if any) and catches the watcher up until
 // it has joined the hub; it returns the revision it joined after.
 func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info kube.RequestInfo, plan rv.WatchPlan) (int64, error) {
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
-		// The selectors travel with the request: the cache sends only the
-		// objects this watcher sees (a kubelet's two pods, not every pod
-		// of the cluster for each of thousands of kubelets).
-		rev, err := s.initialState(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
-			InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
-			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String(), OmitUnchangedPrev: true})
+		rev, err := s.initialState(ctx, st, wt.sel, stateRequest(info, wt.sel, plan))
 		if err != nil {
 			return 0, err
 		}
@@ -334,8 +348,7 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 			st.flush()
 			return last, st.err
 		}
-		rev, err := s.replay(ctx, st, wt.sel, &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: last,
-			LabelSelector: wt.sel.Labels.String(), FieldSelector: wt.sel.Fields.String(), OmitUnchangedPrev: true})
+		rev, err := s.replay(ctx, st, wt.sel, replayRequest(info, wt.sel, last))
 		if err != nil {
 			return 0, err
 		}
@@ -567,8 +580,10 @@ type stream struct {
 	last      int64
 	err       error
 	// sent, sentBytes: the stream's resource's counters (looked up once,
-	// not per event).
-	sent, sentBytes prometheus.Counter
+	// not per event), added to once per flush: unsent and unsentBytes are
+	// the events (and their bytes) taken into the stream since the last.
+	sent, sentBytes     prometheus.Counter
+	unsent, unsentBytes int
 
 	// out is the batch of lines not written yet: everything a drain of the
 	// watcher's queue produced goes to the client in one write (one HTTP/2
@@ -637,11 +652,8 @@ func (st *stream) event(it *item, t kube.Transition) {
 		return
 	}
 	st.last = it.ev.Revision
-	if st.sent == nil {
-		st.sent, st.sentBytes = st.m.sent.WithLabelValues(st.res.ID()), st.m.sentBytes.WithLabelValues(st.res.ID())
-	}
-	st.sent.Inc()
-	st.sentBytes.Add(float64(len(b)))
+	st.unsent++
+	st.unsentBytes += len(b)
 	if it.ev.ObservedUnixNano > 0 {
 		// Wall time on both ends (ingest's and this host's): not the
 		// injected clock.
@@ -656,8 +668,9 @@ func (st *stream) send(it *item, sel *kube.Selector) {
 	}
 }
 
-// flush writes the pending batch and sends everything written so far, and
-// gives the batch's buffer back: an idle watcher holds none.
+// flush writes the pending batch and sends everything written so far,
+// counts the events it sent, and gives the batch's buffer back: an idle
+// watcher holds none.
 func (st *stream) flush() {
 	st.writeOut()
 	if st.out != nil {
@@ -669,6 +682,14 @@ func (st *stream) flush() {
 	}
 	if st.err == nil {
 		st.err = st.rc.Flush()
+	}
+	if st.err == nil && st.unsent > 0 {
+		if st.sent == nil {
+			st.sent, st.sentBytes = st.m.sent.WithLabelValues(st.res.ID()), st.m.sentBytes.WithLabelValues(st.res.ID())
+		}
+		st.sent.Add(float64(st.unsent))
+		st.sentBytes.Add(float64(st.unsentBytes))
+		st.unsent, st.unsentBytes = 0, 0
 	}
 }
 
