@@ -260,7 +260,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.FrontdoorURL = s.FrontdoorURLs[0]
 
-	s.maxProcs = share(runtime.NumCPU(), len(s.procs))
+	s.maxProcs = share(runtime.GOMAXPROCS(0), len(s.procs))
 	for _, p := range s.procs {
 		if err := p.Start(); err != nil {
 			return nil, err
@@ -286,22 +286,29 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	return s, nil
 }
 
-// MaxProcs is the GOMAXPROCS the stack gives every service process, 0 when
-// the environment's GOMAXPROCS decides.
+// MaxProcs is the GOMAXPROCS the stack gives the cache, fanout and
+// frontdoor processes, 0 when the environment's GOMAXPROCS decides. Ingest
+// keeps its own default (one; services/ingest/cmd/ingest).
 func (s *Stack) MaxProcs() int {
-	if os.Getenv("GOMAXPROCS") != "" {
+	if _, ok := EnvMaxProcs(); ok {
 		return 0
 	}
 	return s.maxProcs
 }
 
-// share is the GOMAXPROCS of each of procs service processes on a host of
-// cpus cores: an even share, at least one. The stack's processes share one
-// host (with etcd and NATS too), where a deployment gives each its own CPU;
-// each with Go's default, every core, wakes idle threads to look for work
-// at every hand-off between its goroutines, against the others for the
-// same cores (docs/operations.md). A GOMAXPROCS in the environment decides
-// instead.
+// EnvMaxProcs is the environment's GOMAXPROCS when the Go runtime would
+// take it (a positive number).
+func EnvMaxProcs() (int, bool) {
+	n, err := strconv.Atoi(os.Getenv("GOMAXPROCS"))
+	return n, err == nil && n > 0
+}
+
+// share is the GOMAXPROCS of each of procs service processes on a host
+// whose Go default is cpus (its cores, or its CPU quota): an even share, at
+// least one. The stack's processes share one host (with etcd and NATS
+// too), where a deployment gives each its own CPU; each with Go's default
+// wakes idle threads to look for work at every hand-off between its
+// goroutines, against the others for the same cores (docs/operations.md).
 func share(cpus, procs int) int {
 	return max(1, cpus/max(procs, 1))
 }
@@ -577,7 +584,7 @@ func (p *Proc) Start() error {
 		out = f
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	if n := p.stack.MaxProcs(); n > 0 {
+	if n := p.stack.MaxProcs(); n > 0 && p.Bin != "ingest" {
 		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	// Children die with the stack, even if it is killed.

@@ -302,7 +302,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // stateRequest asks the cache for a watcher's initial state. The selectors
 // travel with the request: the cache sends only the objects this watcher
 // sees (a kubelet's two pods, not every pod of the cluster for each of
-// thousands of kubelets). Like every request fanout makes, it takes updates
+// thousands of kubelets). Like every watcher's request, it takes updates
 // that left labels and selectable fields alone without their previous
 // state (transition needs none for them).
 func stateRequest(info kube.RequestInfo, sel *kube.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
@@ -580,8 +580,9 @@ type stream struct {
 	last      int64
 	err       error
 	// sent, sentBytes: the stream's resource's counters (looked up once,
-	// not per event), added to once per flush: unsent and unsentBytes are
-	// the events (and their bytes) taken into the stream since the last.
+	// not per event), added to once per write of a batch and at flush:
+	// unsent and unsentBytes are the events (and their bytes) taken into
+	// the stream since.
 	sent, sentBytes     prometheus.Counter
 	unsent, unsentBytes int
 
@@ -621,7 +622,22 @@ func (st *stream) writeOut() {
 	if st.out != nil && len(*st.out) > 0 {
 		st.write(*st.out)
 		*st.out = (*st.out)[:0]
+		st.count()
 	}
+}
+
+// count adds the events written since the last count to the resource's
+// counters.
+func (st *stream) count() {
+	if st.err != nil || st.unsent == 0 {
+		return
+	}
+	if st.sent == nil {
+		st.sent, st.sentBytes = st.m.sent.WithLabelValues(st.res.ID()), st.m.sentBytes.WithLabelValues(st.res.ID())
+	}
+	st.sent.Add(float64(st.unsent))
+	st.sentBytes.Add(float64(st.unsentBytes))
+	st.unsent, st.unsentBytes = 0, 0
 }
 
 func (st *stream) write(b []byte) {
@@ -668,9 +684,8 @@ func (st *stream) send(it *item, sel *kube.Selector) {
 	}
 }
 
-// flush writes the pending batch and sends everything written so far,
-// counts the events it sent, and gives the batch's buffer back: an idle
-// watcher holds none.
+// flush writes the pending batch and sends everything written so far, and
+// gives the batch's buffer back: an idle watcher holds none.
 func (st *stream) flush() {
 	st.writeOut()
 	if st.out != nil {
@@ -683,14 +698,7 @@ func (st *stream) flush() {
 	if st.err == nil {
 		st.err = st.rc.Flush()
 	}
-	if st.err == nil && st.unsent > 0 {
-		if st.sent == nil {
-			st.sent, st.sentBytes = st.m.sent.WithLabelValues(st.res.ID()), st.m.sentBytes.WithLabelValues(st.res.ID())
-		}
-		st.sent.Add(float64(st.unsent))
-		st.sentBytes.Add(float64(st.unsentBytes))
-		st.unsent, st.unsentBytes = 0, 0
-	}
+	st.count()
 }
 
 func formatRev(rev int64) string { return strconv.FormatInt(rev, 10) }
