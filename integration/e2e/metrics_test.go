@@ -124,13 +124,12 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 	})
 
 	// Gauges at rest: every hop caught up, nothing queued.
-	type gauge struct {
+	gauges := []struct {
 		p      *stack.Proc
 		name   string
 		labels string
 		want   float64
-	}
-	gauges := []gauge{
+	}{
 		{ingest, "herald_ingest_leader", "", 1},
 		{ingest, "herald_ingest_revision_lag", "", 0},
 		{cache, "herald_cache_jetstream_consumer_pending_messages", "", 0},
@@ -142,15 +141,6 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		{fanout, "herald_fanout_hub_watchers", pods, M},
 		{fanout, "herald_fanout_watch_queue_events", pods, 0},
 		{front, "apiserver_longrunning_requests", `verb="WATCH",resource="pods"`, M},
-	}
-	// Each service runs with its share of the machine's cores, ingest with
-	// one, unless the environment says otherwise (docs/operations.md).
-	procs := map[*stack.Proc]int{ingest: 1, cache: e.MaxProcs(), fanout: e.MaxProcs(), front: e.MaxProcs()}
-	if n, ok := stack.EnvMaxProcs(); ok {
-		procs = map[*stack.Proc]int{ingest: n, cache: n, fanout: n, front: n}
-	}
-	for p, n := range procs {
-		gauges = append(gauges, gauge{p, "go_sched_gomaxprocs_threads", "", float64(n)})
 	}
 	eventually(t, ctx, "gauges at rest", func() string {
 		for _, g := range gauges {

@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,8 +130,6 @@ type Stack struct {
 
 	mu    sync.Mutex
 	procs []*Proc
-	// maxProcs is every service process's GOMAXPROCS (see share).
-	maxProcs int
 }
 
 // Proc is one service process.
@@ -260,7 +257,6 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.FrontdoorURL = s.FrontdoorURLs[0]
 
-	s.maxProcs = share(runtime.GOMAXPROCS(0), len(s.procs))
 	for _, p := range s.procs {
 		if err := p.Start(); err != nil {
 			return nil, err
@@ -284,33 +280,6 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// MaxProcs is the GOMAXPROCS the stack gives the cache, fanout and
-// frontdoor processes, 0 when the environment's GOMAXPROCS decides. Ingest
-// keeps its own default (one; services/ingest/cmd/ingest).
-func (s *Stack) MaxProcs() int {
-	if _, ok := EnvMaxProcs(); ok {
-		return 0
-	}
-	return s.maxProcs
-}
-
-// EnvMaxProcs is the environment's GOMAXPROCS when the Go runtime would
-// take it (a positive number).
-func EnvMaxProcs() (int, bool) {
-	n, err := strconv.Atoi(os.Getenv("GOMAXPROCS"))
-	return n, err == nil && n > 0
-}
-
-// share is the GOMAXPROCS of each of procs service processes on a host
-// whose Go default is cpus (its cores, or its CPU quota): an even share, at
-// least one. The stack's processes share one host (with etcd and NATS
-// too), where a deployment gives each its own CPU; each with Go's default
-// wakes idle threads to look for work at every hand-off between its
-// goroutines, against the others for the same cores (docs/operations.md).
-func share(cpus, procs int) int {
-	return max(1, cpus/max(procs, 1))
 }
 
 // addCaches adds the cache processes and returns the shard map naming them.
@@ -584,9 +553,6 @@ func (p *Proc) Start() error {
 		out = f
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	if n := p.stack.MaxProcs(); n > 0 && p.Bin != "ingest" {
-		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(n))
-	}
 	// Children die with the stack, even if it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
