@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"herald.dev/libs/kube"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 )
 
@@ -32,18 +33,15 @@ func TestStartRequests(t *testing.T) {
 	if re.AfterRevision != 42 || re.InitialEvents {
 		t.Errorf("replay request %+v: want the events after 42 and no initial state", re)
 	}
-	for name, req := range map[string]interface {
-		GetResource() string
-		GetNamespace() string
-		GetLabelSelector() string
-		GetFieldSelector() string
-		GetOmitUnchangedPrev() bool
-	}{"initial state": st, "replay": re} {
-		if req.GetResource() != "pods" || req.GetNamespace() != "ns1" || req.GetLabelSelector() != "app=web" || req.GetFieldSelector() != "spec.nodeName=node-1" {
-			t.Errorf("%s request %+v: want pods in ns1 with the watcher's selectors", name, req)
+	for _, tc := range []struct {
+		name string
+		req  *heraldv1.WatchRequest
+	}{{"initial state", st}, {"replay", re}} {
+		if tc.req.Resource != "pods" || tc.req.Namespace != "ns1" || tc.req.LabelSelector != "app=web" || tc.req.FieldSelector != "spec.nodeName=node-1" {
+			t.Errorf("%s request %+v: want pods in ns1 with the watcher's selectors", tc.name, tc.req)
 		}
-		if !req.GetOmitUnchangedPrev() {
-			t.Errorf("%s request %+v: want omit_unchanged_prev", name, req)
+		if !tc.req.OmitUnchangedPrev {
+			t.Errorf("%s request %+v: want omit_unchanged_prev", tc.name, tc.req)
 		}
 	}
 }
