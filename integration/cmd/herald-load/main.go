@@ -62,7 +62,7 @@ func main() {
 	flag.StringVar(&o.proto, "proto", "http1", "Protocol of each watcher's own connection: http1 or http2 (the -h2mux workloads multiplex instead).")
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
-	flag.IntVar(&o.rounds, "rounds", 1, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
+	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
