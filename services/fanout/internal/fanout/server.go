@@ -519,7 +519,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			// relist storm while the caches restart).
 			drain()
 			if bookmarks {
-				st.raw(bookmarkLine(st.res, st.last, false))
+				st.bookmark(st.last, false) // in the stream's format: a kubelet's is protobuf
 			}
 			st.flush()
 			return

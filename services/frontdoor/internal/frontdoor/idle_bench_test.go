@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"herald.dev/libs/service"
+	"herald.dev/libs/storage"
 )
 
 var idleHeapProfile = flag.String("idle-heap-profile", "", "BenchmarkIdleWatchHeap: write a heap profile (every allocation sampled) with every watch open and idle to this file")
@@ -135,6 +136,7 @@ func TestIdleWatchHelper(t *testing.T) {
 	switch f[0] {
 	case "fanout":
 		fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", storage.MediaJSON) // a watch stream, as fanout sends it
 			w.WriteHeader(http.StatusOK)
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
+	"herald.dev/libs/storage"
 )
 
 // Identity headers on the internal hop to fanout, kube-apiserver's
@@ -624,10 +626,9 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 		// An upstream that dies mid-stream ends the client's watch
 		// cleanly: it resumes from its resourceVersion.
 		resp.Body = &endCleanly{ReadCloser: resp.Body}
-		if resp.Header.Get("Content-Encoding") == "" {
-			// A stream of lines, which can be ended between two (a
-			// compressed one cannot: it stays until it ends).
-			body := &shedBody{ReadCloser: resp.Body, cancel: cancel, boundary: true}
+		// A stream of events, which can be ended between two (a
+		// compressed one cannot: it stays until it ends).
+		if body := sheddableBody(resp, cancel); body != nil {
 			resp.Body = body
 			at.done = b.streaming(body)
 		}
@@ -895,17 +896,47 @@ func dropHopHeaders(h http.Header) {
 }
 
 // shedBody is the response body of a streaming watch, which the pool may
-// end to rebalance: once ended, it reports io.EOF at the first line
-// boundary (dropping a partial line read past it), so the client sees a
+// end to rebalance: once ended, it reports io.EOF at the first event
+// boundary (dropping a partial event read past it), so the client sees a
 // clean end of stream after a whole event and resumes from its
-// resourceVersion.
+// resourceVersion. Events are JSON lines, or length-prefixed frames in a
+// protobuf stream, where a newline byte may fall anywhere in a frame. A
+// read that holds several events returns all the whole ones.
 type shedBody struct {
 	io.ReadCloser
 	cancel context.CancelFunc // aborts the upstream request
 
 	mu       sync.Mutex
 	ended    bool
-	boundary bool // what was returned so far ends with a whole line
+	boundary bool // what was returned so far ends with a whole event
+	frames   bool // protobuf: a 4-byte big-endian length, then the frame
+	// Of a protobuf stream, the frame in progress: its length's bytes read
+	// so far (head), then how much of it is left (rest).
+	headLen uint8
+	head    [4]byte
+	rest    uint32
+}
+
+// sheddableBody returns resp's body as a shedBody that cancel aborts, or
+// nil for a stream that can only be ended where it ends: a compressed one,
+// or one of a media type whose events it cannot tell apart.
+func sheddableBody(resp *http.Response, cancel context.CancelFunc) *shedBody {
+	if resp.Header.Get("Content-Encoding") != "" {
+		return nil
+	}
+	switch mediaType(resp.Header) {
+	case storage.MediaJSON:
+		return &shedBody{ReadCloser: resp.Body, cancel: cancel, boundary: true}
+	case storage.MediaProtobuf:
+		return &shedBody{ReadCloser: resp.Body, cancel: cancel, frames: true, boundary: true}
+	}
+	return nil
+}
+
+// mediaType is the media type of h's Content-Type, without parameters.
+func mediaType(h http.Header) string {
+	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.TrimSpace(mt)
 }
 
 func (b *shedBody) Read(p []byte) (int, error) {
@@ -918,23 +949,68 @@ func (b *shedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	was := b.boundary
+	last := b.scan(p[:n])
 	if b.ended {
-		if i := bytes.LastIndexByte(p[:n], '\n'); i >= 0 {
+		switch {
+		case last >= 0:
 			b.boundary = true
-			return i + 1, io.EOF
-		}
-		if b.boundary {
+			return last, io.EOF
+		case was:
+			b.boundary = true
 			return 0, io.EOF
 		}
-	}
-	if n > 0 {
-		b.boundary = p[n-1] == '\n'
 	}
 	return n, err
 }
 
-// end ends the stream: at once between lines (the upstream request is
-// cancelled, which the read above reports as the end), else after the line
+// scan follows the events through p, the next bytes of the stream, and
+// records whether p ends on a boundary. It returns the length of p up to
+// the end of its last whole event, -1 if no event ends in p (a stream of
+// lines that is not ended does not look for one).
+func (b *shedBody) scan(p []byte) int {
+	if len(p) == 0 {
+		return -1
+	}
+	if !b.frames {
+		if b.boundary = p[len(p)-1] == '\n'; b.boundary {
+			return len(p)
+		}
+		if b.ended {
+			if i := bytes.LastIndexByte(p, '\n'); i >= 0 {
+				return i + 1
+			}
+		}
+		return -1
+	}
+	last := -1
+	for i := 0; i < len(p); {
+		if b.rest == 0 {
+			n := copy(b.head[b.headLen:], p[i:])
+			b.headLen += uint8(n)
+			i += n
+			if int(b.headLen) < len(b.head) {
+				break
+			}
+			b.headLen = 0
+			if b.rest = binary.BigEndian.Uint32(b.head[:]); b.rest == 0 {
+				last = i
+			}
+			continue
+		}
+		n := int(min(uint64(b.rest), uint64(len(p)-i)))
+		b.rest -= uint32(n)
+		i += n
+		if b.rest == 0 {
+			last = i
+		}
+	}
+	b.boundary = b.rest == 0 && b.headLen == 0
+	return last
+}
+
+// end ends the stream: at once between events (the upstream request is
+// cancelled, which the read above reports as the end), else after the event
 // in progress.
 func (b *shedBody) end() {
 	b.mu.Lock()

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"herald.dev/libs/storage"
 )
 
 func cpuTime() time.Duration {
@@ -28,6 +30,7 @@ func BenchmarkWatchProxy(b *testing.B) {
 	for _, batch := range []int{1, 10} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", storage.MediaJSON) // a watch stream, as fanout sends it
 				w.WriteHeader(http.StatusOK)
 				w.(http.Flusher).Flush()
 				for i := 0; i < b.N; i += batch {

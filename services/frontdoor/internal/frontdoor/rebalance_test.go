@@ -2,17 +2,22 @@ package frontdoor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"herald.dev/libs/storage"
 )
 
 // streamingFanout is a fanout replica whose watches send one event and then
@@ -20,6 +25,7 @@ import (
 func streamingFanout(t *testing.T) (*httptest.Server, chan struct{}) {
 	ended := make(chan struct{}, 64)
 	srv := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", storage.MediaJSON)
 		w.Write([]byte(`{"type":"ADDED","object":{}}` + "\n"))
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
@@ -229,5 +235,155 @@ func TestShedBodyEndsBetweenLines(t *testing.T) {
 	body.end()
 	if err := <-done; err != io.EOF || !cancelled {
 		t.Fatalf("an idle stream ended with %v (upstream cancelled: %v), want io.EOF", err, cancelled)
+	}
+}
+
+// protobufFrames returns n frames of a protobuf watch stream. Newline
+// bytes fall inside each: the first byte of a WatchEvent is 0x0a (the tag
+// of its field 1, the type), and the objects hold more.
+func protobufFrames(t *testing.T, n int) [][]byte {
+	t.Helper()
+	var frames [][]byte
+	for i := range n {
+		f, err := storage.ProtobufWatchEvent("MODIFIED", []byte(fmt.Sprintf("k8s\x00\n%d\n", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
+// TestShedBodyEndsBetweenFrames: an ended protobuf watch body stops after
+// a whole length-prefixed frame, wherever the reads split the frames and
+// the end falls: what it returns is the frames read up to the end, then
+// the rest of the frame in progress, never part of one.
+func TestShedBodyEndsBetweenFrames(t *testing.T) {
+	frames := protobufFrames(t, 3)
+	stream := bytes.Join(frames, nil)
+	ends := []int{} // offsets at which a frame ends
+	for at, f := range frames {
+		ends = append(ends, len(bytes.Join(frames[:at], nil))+len(f))
+	}
+	for split := 1; split < len(stream); split++ {
+		for step := 1; step <= 7; step++ {
+			r := io.NopCloser(&stepReader{b: stream, step: step})
+			body := &shedBody{ReadCloser: r, frames: true, boundary: true, cancel: func() {}}
+			// Read up to split, then end the body and read to its end.
+			var got []byte
+			buf := make([]byte, 64)
+			for len(got) < split {
+				n, err := body.Read(buf[:min(len(buf), split-len(got))])
+				got = append(got, buf[:n]...)
+				if err != nil {
+					t.Fatalf("split %d step %d: read before the end: %v", split, step, err)
+				}
+			}
+			body.end()
+			var err error
+			for err == nil {
+				var n int
+				n, err = body.Read(buf)
+				got = append(got, buf[:n]...)
+			}
+			if err != io.EOF {
+				t.Fatalf("split %d step %d: ended with %v, want io.EOF", split, step, err)
+			}
+			want := ends[slices.IndexFunc(ends, func(e int) bool { return e >= split })]
+			if !bytes.Equal(got, stream[:want]) {
+				t.Fatalf("split %d step %d: got %d bytes, want the %d up to the end of the frame in progress",
+					split, step, len(got), want)
+			}
+		}
+	}
+
+	// Ended while waiting between frames: at once, the upstream cancelled.
+	pr, pw := io.Pipe()
+	cancelled := false
+	body := &shedBody{ReadCloser: pr, frames: true, boundary: true, cancel: func() { cancelled = true; pw.CloseWithError(context.Canceled) }}
+	go pw.Write(frames[0])
+	buf := make([]byte, 64)
+	if n, err := body.Read(buf); n != len(frames[0]) || err != nil {
+		t.Fatalf("the first frame: %d bytes, %v", n, err)
+	}
+	done := make(chan error)
+	go func() { _, err := body.Read(buf); done <- err }()
+	body.end()
+	if err := <-done; err != io.EOF || !cancelled {
+		t.Fatalf("an idle stream ended with %v (upstream cancelled: %v), want io.EOF", err, cancelled)
+	}
+}
+
+// stepReader reads b at most step bytes at a time.
+type stepReader struct {
+	b    []byte
+	step int
+}
+
+func (r *stepReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.step)], r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// TestRebalanceEndsProtobufWatchBetweenFrames: a kubelet's watch
+// (protobuf) shed while a frame is half written, the half holding a
+// newline byte, reaches its client as whole frames and then a clean end.
+func TestRebalanceEndsProtobufWatchBetweenFrames(t *testing.T) {
+	frames := protobufFrames(t, 3)
+	cut := 4 + bytes.IndexByte(frames[1][4:], '\n') + 1 // past the second frame's first newline byte, mid-frame
+	resume := make(chan struct{})
+	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", storage.MediaProtobufWatch)
+		rc := http.NewResponseController(w)
+		w.Write(frames[0])
+		w.Write(frames[1][:cut])
+		rc.Flush()
+		select {
+		case <-resume:
+		case <-r.Context().Done(): // the test failed before the shed
+			return
+		}
+		w.Write(frames[1][cut:])
+		w.Write(frames[2])
+		rc.Flush()
+		<-r.Context().Done()
+	}))
+	defer fan.Close()
+	s, _ := testServer(t, fan.URL, nil)
+	front := httptest.NewServer(s)
+	defer front.Close()
+	req, _ := http.NewRequest(http.MethodGet, front.URL+"/api/v1/namespaces/ns1/pods?watch=true", nil)
+	req.Header.Set("Authorization", "Bearer "+tokAlice)
+	req.Header.Set("Accept", storage.MediaProtobuf)
+	c := *front.Client()
+	c.Timeout = 30 * time.Second // a stream that never ends fails the test
+	resp, err := c.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("watch: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != storage.MediaProtobufWatch {
+		t.Fatalf("Content-Type %q, want %q", ct, storage.MediaProtobufWatch)
+	}
+	first := make([]byte, len(frames[0])+cut)
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatalf("the first frame and a half: %v", err)
+	}
+	if n := s.fanout.backends[0].shedUpTo(1); n != 1 {
+		t.Fatalf("shed %d watches, want 1", n)
+	}
+	close(resume)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("the shed watch ended with %v, want a clean end", err)
+	}
+	got := append(first, rest...)
+	want := bytes.Join(frames[:2], nil)
+	if !bytes.HasPrefix(got, want) || (len(got) != len(want) && len(got) != len(want)+len(frames[2])) {
+		t.Fatalf("the client got %d bytes, want whole frames: %d or %d", len(got), len(want), len(want)+len(frames[2]))
 	}
 }

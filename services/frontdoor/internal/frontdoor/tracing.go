@@ -5,12 +5,12 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"herald.dev/libs/service"
+	"herald.dev/libs/storage"
 )
 
 // Option configures a Server beyond its Config.
@@ -41,7 +41,7 @@ func (p *fanoutPool) rewriteTrace(out *http.Request) {
 func (p *fanoutPool) traceResponse(resp *http.Response) {
 	// Only JSON streams carry trace lines: a protobuf one is left alone.
 	if p.tracer == nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" ||
-		!strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		mediaType(resp.Header) != storage.MediaJSON {
 		return
 	}
 	resp.Body = &traceStripper{rc: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(resp.Request.Context()),
