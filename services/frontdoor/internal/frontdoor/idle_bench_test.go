@@ -63,15 +63,16 @@ func BenchmarkIdleWatchHeap(b *testing.B) {
 			for s.watches.inUse() != 0 {
 				time.Sleep(time.Millisecond) // polling the watch slots, bounded by the benchmark's timeout
 			}
-			heap0, live0 := heapInuse()
+			heap0, live0, stack0 := goMemory()
 			_, stopClients := idleHelper(b, "clients", target, strconv.Itoa(watches), proto)
 			defer stopClients()
-			heap1, live1 := heapInuse()
+			heap1, live1, stack1 := goMemory()
 			if n := s.watches.inUse(); n != watches {
 				b.Fatalf("%d watches open, want %d", n, watches)
 			}
 			b.ReportMetric(float64(int64(heap1)-int64(heap0))/watches, "heap-B/watch")
 			b.ReportMetric(float64(int64(live1)-int64(live0))/watches, "live-B/watch")
+			b.ReportMetric(float64(int64(stack1)-int64(stack0))/watches, "stack-B/watch")
 			b.ReportMetric(float64(runtime.NumGoroutine())/watches, "goroutines/watch")
 			if *idleHeapProfile != "" {
 				f, err := os.Create(strings.TrimSuffix(*idleHeapProfile, ".pprof") + "-" + proto + ".pprof")
@@ -87,13 +88,14 @@ func BenchmarkIdleWatchHeap(b *testing.B) {
 	}
 }
 
-// heapInuse is the Go heap in use after a forced GC (herald-load's
-// measure: the spans holding objects) and the bytes of the objects live.
-func heapInuse() (inuse, live uint64) {
+// goMemory is the Go heap in use after a forced GC (herald-load's
+// measure: the spans holding objects), the bytes of the objects live and
+// the goroutine stacks in use (not part of the heap).
+func goMemory() (inuse, live, stacks uint64) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse, ms.HeapAlloc
+	return ms.HeapInuse, ms.HeapAlloc, ms.StackInuse
 }
 
 // idleHelper runs TestIdleWatchHelper in a child process in role with args
