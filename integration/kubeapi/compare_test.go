@@ -343,6 +343,9 @@ func (f *fixture) fetchPages(path string, q url.Values, accept string, limit int
 				out.note = "more than 100 pages"
 				return out, nil
 			}
+			// As client-go's pager: the next page names only the token.
+			q.Del("resourceVersion")
+			q.Del("resourceVersionMatch")
 			q.Set("continue", v.cont)
 		}
 	}

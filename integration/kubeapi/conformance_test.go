@@ -124,6 +124,12 @@ func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 			q.Set(k, v)
 			return q
 		}
+		// Paged lists at the revision before the watch phase, whose
+		// changes they must not show: exact with resourceVersionMatch, and
+		// without it too (kube-apiserver's legacy rule for a list with a
+		// limit).
+		add(l+"resourceVersion-limit", f.fetchPages(p, from, mediaJSON, 1), agreeOpts{})
+		add(l+"resourceVersion-exact-limit", f.fetchPages(p, with("resourceVersionMatch", "Exact"), mediaJSON, 1), agreeOpts{})
 		add(w+"json", f.fetchWatchJSON(p, from, mediaJSON, c.marker), agreeOpts{})
 		add(w+"protobuf", f.fetchWatchProtobuf(p, from, mediaProtobuf, c.marker), agreeOpts{})
 		add(w+"metadata", f.fetchWatchJSON(p, from, mediaJSON+asMeta, c.marker), agreeOpts{})

@@ -154,7 +154,9 @@ func PlanList(resourceVersion, match, cont string, limit int64) (ListPlan, error
 		return ListPlan{Mode: ListConsistent, Limit: limit}, nil
 	case v.Kind == Any:
 		return ListPlan{Mode: ListAny}, nil
-	case m == MatchExact:
+	case m == MatchExact, m == MatchNone && limit > 0:
+		// A paged list at a resourceVersion without resourceVersionMatch
+		// is exact: kube-apiserver's legacy rule, which v1.37 still applies.
 		return ListPlan{Mode: ListExact, Rev: v.Rev, Limit: limit}, nil
 	default:
 		return ListPlan{Mode: ListNotOlderThan, Rev: v.Rev, Limit: limit}, nil

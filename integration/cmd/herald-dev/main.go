@@ -125,6 +125,12 @@ func run(dir, bin string, fanouts int) error {
 	}
 	if upstream.Kubeconfig != "" {
 		fmt.Println("cluster mode: frontdoor forwards to the kube-apiserver of", upstream.Kubeconfig)
+		if upstream.UserKubeconfig == "" {
+			fmt.Printf("cluster mode: %s gets HERALD_UPSTREAM's user, Herald's own identity (it may impersonate anyone; with the least privilege of deploy/k8s/overlays/cluster it reads nothing itself): set HERALD_UPSTREAM_USER=<your kubeconfig> to go through Herald as yourself\n",
+				filepath.Join(dir, "kubeconfig"))
+		} else {
+			fmt.Printf("cluster mode: %s gets the current user of %s\n", filepath.Join(dir, "kubeconfig"), upstream.UserKubeconfig)
+		}
 	}
 	start := time.Now()
 	s, err := stack.Start(ctx, stack.Options{

@@ -79,7 +79,11 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	}
 	defer func() { v.s.m.listTime.WithLabelValues(rs.res.ID()).Observe(time.Since(start).Seconds()) }()
 	v.s.m.lists.WithLabelValues(rs.res.ID()).Inc()
-	plan, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit)
+	limit := req.Limit
+	if req.Name != "" {
+		limit = 0 // a GET's: it does not make the resourceVersion exact
+	}
+	plan, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, limit)
 	if err != nil {
 		return nil, errStatus(err)
 	}
@@ -157,7 +161,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if plan.Mode == rv.ListContinue {
 		after = plan.Token.After
 	}
-	limit := plan.Limit
+	limit = plan.Limit
 	var last string
 	more := false
 	var remaining int64

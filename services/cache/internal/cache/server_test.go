@@ -471,3 +471,38 @@ func keysOf(resp *heraldv1.ListResponse) []string {
 	}
 	return resp.Keys
 }
+
+// TestListAtRevisionWithLimitIsExact: a paged list at a resourceVersion
+// without resourceVersionMatch is exact (kube-apiserver's legacy rule), a
+// list without a limit or with NotOlderThan is not, and neither is a GET,
+// which takes no limit.
+func TestListAtRevisionWithLimitIsExact(t *testing.T) {
+	rs := newWindow(t, 100)
+	apply(t, rs, snapRev+1, put("a", "p1"))
+	apply(t, rs, snapRev+2, put("a", "p2"))
+	v, _ := testServer(t, rs, snapRev+2, 1)
+	at := fmt.Sprint(snapRev + 1)
+	p1, p2 := rs.res.ObjectKey("a", "p1"), rs.res.ObjectKey("a", "p2")
+	for _, tc := range []struct {
+		name string
+		req  *heraldv1.ListRequest
+		rev  int64
+		keys []string
+	}{
+		{"limit", &heraldv1.ListRequest{Resource: "pods", ResourceVersion: at, Limit: 10}, snapRev + 1, []string{p1}},
+		{"limit exact", &heraldv1.ListRequest{Resource: "pods", ResourceVersion: at, ResourceVersionMatch: "Exact", Limit: 10}, snapRev + 1, []string{p1}},
+		{"no limit", &heraldv1.ListRequest{Resource: "pods", ResourceVersion: at}, snapRev + 2, []string{p1, p2}},
+		{"limit not older", &heraldv1.ListRequest{Resource: "pods", ResourceVersion: at, ResourceVersionMatch: "NotOlderThan", Limit: 10}, snapRev + 2, []string{p1, p2}},
+		{"get with limit", &heraldv1.ListRequest{Resource: "pods", Namespace: "a", Name: "p2", ResourceVersion: at, Limit: 10}, snapRev + 2, []string{p2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := v.List(t.Context(), tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := keysOf(resp); !slices.Equal(got, tc.keys) || resp.Revision != tc.rev {
+				t.Errorf("at %d: %v, want %v at %d", resp.Revision, got, tc.keys, tc.rev)
+			}
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/token/cache"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -46,19 +48,32 @@ import (
 //     RBAC, the Node authorizer and webhooks decide exactly as in the
 //     cluster; local RBAC manifests are not consulted;
 //   - Impersonate-* headers (kubectl --as) are authorized as kube-apiserver
-//     does (verb impersonate on users, groups, serviceaccounts, uids,
-//     userextras, asked of the cluster as the caller) and the request then
-//     runs as the impersonated user, for reads served here and for requests
-//     forwarded upstream alike. kube-apiserver cannot chain impersonation,
-//     so Herald carries the outcome, never the caller's headers.
+//     v1.36+ does, with its own constrained impersonation filter (KEP-5284:
+//     the impersonate:<mode> verb on the wanted user and impersonate-on:
+//     <mode>:<verb> on what the request does, then the legacy impersonate
+//     verb on users, groups, serviceaccounts, uids and userextras, each
+//     asked of the cluster as the caller), and the request then runs as the
+//     impersonated user, for reads served here and for requests forwarded
+//     upstream alike. kube-apiserver cannot chain impersonation, so Herald
+//     carries the outcome, never the caller's headers.
 type cluster struct {
 	log    *slog.Logger
 	tokens k8sauthn.Token
 	authz  authorizer.Authorizer
 	up     *upstream
-	// impersonate runs k8s.io/apiserver's impersonation filter.
-	codecs runtime.NegotiatedSerializer
+	// impersonation is the filter, built once (it caches which mode
+	// allowed what); its handler hands the impersonated user back through
+	// the request's context (impersonatedKey).
+	impersonation http.Handler
 }
+
+// impersonatedKey's value in a request's context is where the impersonation
+// filter's handler stores the user the request runs as (a *user.Info).
+type impersonatedKey struct{}
+
+// requestInfos reads a request's verb and resource as kube-apiserver's
+// handler chain does (what the impersonate-on checks authorize).
+var requestInfos = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
 
 // reviewBackoff is k8s.io/apiserver's DefaultAuthWebhookRetryBackoff,
 // shortened: a review that cannot reach the cluster fails within seconds.
@@ -101,12 +116,17 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 	}
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	impersonated := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if out, ok := r.Context().Value(impersonatedKey{}).(*user.Info); ok {
+			*out, _ = request.UserFrom(r.Context())
+		}
+	})
 	return &cluster{
-		log:    log,
-		tokens: cache.New(tr, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
-		authz:  az,
-		up:     up,
-		codecs: serializer.NewCodecFactory(scheme),
+		log:           log,
+		tokens:        cache.New(tr, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
+		authz:         az,
+		up:            up,
+		impersonation: impersonation.WithConstrainedImpersonation(impersonated, az, serializer.NewCodecFactory(scheme)),
 	}, nil
 }
 
@@ -169,12 +189,16 @@ func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (
 	if !hasImpersonation(r.Header) {
 		return u, true
 	}
+	info, err := requestInfos.NewRequestInfo(r)
+	if err != nil {
+		// kube-apiserver's handler chain fails such a request before it
+		// reads any header: 500.
+		responsewriters.InternalError(w, r, err)
+		return nil, false
+	}
 	var as user.Info
-	h := impersonation.WithImpersonation(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		as, _ = request.UserFrom(r.Context())
-	}), c.authz, c.codecs)
-	probe := r.Clone(request.WithUser(r.Context(), u.info()))
-	h.ServeHTTP(w, probe)
+	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.info()), info)
+	c.impersonation.ServeHTTP(w, r.Clone(context.WithValue(ctx, impersonatedKey{}, &as)))
 	if as == nil {
 		return nil, false
 	}

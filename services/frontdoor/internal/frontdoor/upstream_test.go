@@ -146,8 +146,9 @@ func boundUser(pod, uid string) authenticationv1.UserInfo {
 			"authentication.kubernetes.io/credential-id": {"JTI=" + pod}}}
 }
 
-// fakePolicy: carol reads pods in ns1 and may impersonate dave; admin
-// (system:masters) may do anything.
+// fakePolicy: carol reads pods in ns1 and may impersonate dave (the legacy
+// verb); bob may impersonate dave only to list pods (constrained
+// impersonation's verbs); admin (system:masters) may do anything.
 func fakePolicy(s *authorizationv1.SubjectAccessReviewSpec) bool {
 	if slices.Contains(s.Groups, "system:masters") {
 		return true
@@ -159,6 +160,10 @@ func fakePolicy(s *authorizationv1.SubjectAccessReviewSpec) bool {
 	case s.User == "carol" && ra.Resource == "pods" && ra.Namespace == "ns1" && (ra.Verb == "list" || ra.Verb == "get"):
 		return true
 	case s.User == "carol" && ra.Verb == "impersonate" && ra.Resource == "users" && ra.Name == "dave":
+		return true
+	case s.User == "bob" && ra.Verb == "impersonate:user-info" && ra.Group == "authentication.k8s.io" && ra.Resource == "users" && ra.Name == "dave":
+		return true
+	case s.User == "bob" && ra.Verb == "impersonate-on:user-info:list" && ra.Resource == "pods":
 		return true
 	case s.User == "dave" && ra.Resource == "pods" && ra.Verb == "list":
 		return true
@@ -463,6 +468,23 @@ func TestClusterImpersonation(t *testing.T) {
 	got, _ := k.last(t)
 	if got.Header.Get("Impersonate-User") != "dave" || !slices.Equal(got.Header.Values("Impersonate-Group"), []string{"system:authenticated"}) || got.Header.Get("Impersonate-Uid") != "" {
 		t.Errorf("forwarded as %v", got.Header)
+	}
+
+	// Constrained impersonation (kube-apiserver v1.36+): bob may be dave
+	// only to list pods.
+	if rec := send(s, http.MethodGet, "/api/v1/pods", tokBob, nil, as("dave")); rec.Code != 200 {
+		t.Errorf("bob as dave lists pods: %d %s", rec.Code, rec.Body)
+	}
+	rec := send(s, http.MethodGet, "/api/v1/namespaces/ns1/pods/p", tokBob, nil, as("dave"))
+	if code, _, msg := statusOf(t, rec.Body.Bytes()); rec.Code != 403 || code != 403 || !strings.Contains(msg, `cannot impersonate-on:user-info:get resource "pods"`) {
+		t.Errorf("bob as dave gets a pod (not granted): %d %s", rec.Code, rec.Body)
+	}
+	n = k.count()
+	if rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokBob, strings.NewReader("{}"), as("dave")); rec.Code != 403 {
+		t.Errorf("bob as dave writes (not granted): %d %s", rec.Code, rec.Body)
+	}
+	if k.count() != n {
+		t.Error("a refused constrained impersonation was forwarded")
 	}
 }
 
