@@ -30,6 +30,8 @@ func TestHostileRequests(t *testing.T) {
 		"resourceVersion=-3", "sendInitialEvents=true",
 		"continue=" + base64.RawURLEncoding.EncodeToString([]byte(`{"v":"herald/v1","rv":-1,"after":"/"}`)),
 		"continue=" + base64.RawURLEncoding.EncodeToString([]byte(`{"v":"herald/v1","rv":1,"after":"/registry/pods/../x"}`)),
+		"continue=" + base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":-1,"start":"ns1/p\u0000"}`)),
+		"continue=" + base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":1,"start":"../secrets/x"}`)),
 		"continue=" + strings.Repeat("A", 5000), "continue=x&resourceVersion=3",
 		"labelSelector=" + url.QueryEscape("a in (b,c),!d"), "labelSelector=" + url.QueryEscape("(("), "labelSelector=" + url.QueryEscape("a=b,"),
 		"fieldSelector=" + url.QueryEscape("spec.nodeName!=n"), "fieldSelector=" + url.QueryEscape("unknown.field=1"), "fieldSelector=" + url.QueryEscape(`\`),

@@ -321,12 +321,30 @@ func jsonView(resp *http.Response, body []byte) view {
 // fetchPages reads a whole list in pages of limit, following continue
 // tokens; the pages are compared one after the other.
 func (f *fixture) fetchPages(path string, q url.Values, accept string, limit int) fetcher {
+	return f.pages(path, q, accept, limit, false)
+}
+
+// fetchPagesCrossed is fetchPages with the first page asked of the other
+// server: each server continues the list the other started, with the
+// other's continue token (as when a client moves between them mid-list).
+func (f *fixture) fetchPagesCrossed(path string, q url.Values, accept string, limit int) fetcher {
+	return f.pages(path, q, accept, limit, true)
+}
+
+func (f *fixture) pages(path string, q url.Values, accept string, limit int, crossed bool) fetcher {
 	return func(ctx context.Context, base string) (view, error) {
 		var out view
 		q := cloneValues(q)
 		q.Set("limit", strconv.Itoa(limit))
 		for page := 0; ; page++ {
-			v, err := f.fetchJSON(path, q, accept)(ctx, base)
+			from := base
+			if crossed && page == 0 {
+				from = f.kubeURL
+				if base == f.kubeURL {
+					from = f.heraldURL
+				}
+			}
+			v, err := f.fetchJSON(path, q, accept)(ctx, from)
 			if err != nil {
 				return view{}, err
 			}

@@ -130,6 +130,9 @@ func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 		// limit).
 		add(l+"resourceVersion-limit", f.fetchPages(p, from, mediaJSON, 1), agreeOpts{})
 		add(l+"resourceVersion-exact-limit", f.fetchPages(p, with("resourceVersionMatch", "Exact"), mediaJSON, 1), agreeOpts{})
+		// Each server continues the other's list with the other's token.
+		add(l+"resourceVersion-limit-crossed", f.fetchPagesCrossed(p, from, mediaJSON, 1), agreeOpts{})
+		add(l+"limit-label-crossed", f.fetchPagesCrossed(p, with("labelSelector", "herald-e2e=yes"), mediaJSON, 1), agreeOpts{})
 		add(w+"json", f.fetchWatchJSON(p, from, mediaJSON, c.marker), agreeOpts{})
 		add(w+"protobuf", f.fetchWatchProtobuf(p, from, mediaProtobuf, c.marker), agreeOpts{})
 		add(w+"metadata", f.fetchWatchJSON(p, from, mediaJSON+asMeta, c.marker), agreeOpts{})

@@ -93,11 +93,22 @@ func (c *Sharded) List(ctx context.Context, req *heraldv1.ListRequest, opts ...g
 	// The first shard resolves the request's revision semantics; the
 	// others then serve exactly that revision (a continue token carries it),
 	// so the union is one consistent list.
+	r, ok := c.reg.ByID(req.Resource)
+	if !ok { // a custom resource gone since route
+		return nil, status.Errorf(codes.NotFound, "the server could not find the requested resource %q", req.Resource)
+	}
+	prefix := r.NamespacePrefix(req.Namespace)
 	pages := []*heraldv1.ListResponse{first}
 	for _, sh := range clients[1:] {
 		sub := &heraldv1.ListRequest{Resource: req.Resource, LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector, Limit: req.Limit}
 		if req.Continue != "" {
-			sub.Continue = req.Continue
+			// The first shard read the token; a token without a revision
+			// (the latest state) gets the first shard's.
+			tok, err := rv.DecodeToken(req.Continue, prefix)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, err.Error())
+			}
+			sub.Continue = rv.Token{Rev: first.Revision, Start: tok.Start}.Encode(prefix)
 		} else {
 			sub.ResourceVersion, sub.ResourceVersionMatch = rv.Format(first.Revision), string(rv.MatchExact)
 		}
@@ -110,15 +121,16 @@ func (c *Sharded) List(ctx context.Context, req *heraldv1.ListRequest, opts ...g
 	// Shards ignore the limit at resourceVersion=0, except for a resource
 	// kube-apiserver does not watch-cache (it lists those from etcd).
 	ignoreLimit := req.Continue == "" && req.ResourceVersion == "0"
-	if r, ok := c.reg.ByID(req.Resource); ok && r.Stored().NotWatchCached {
+	if r.Stored().NotWatchCached {
 		ignoreLimit = false
 	}
-	return mergePages(pages, req.Limit, ignoreLimit), nil
+	return mergePages(pages, req.Limit, ignoreLimit, prefix), nil
 }
 
 // mergePages merges shard pages (each in key order) into one page of at most
 // limit items. ignoreLimit mirrors resourceVersion=0, where shards ignore it.
-func mergePages(pages []*heraldv1.ListResponse, limit int64, ignoreLimit bool) *heraldv1.ListResponse {
+// prefix is the listed keys' (the continue token's).
+func mergePages(pages []*heraldv1.ListResponse, limit int64, ignoreLimit bool, prefix string) *heraldv1.ListResponse {
 	out := &heraldv1.ListResponse{Revision: pages[0].Revision}
 	idx := make([]int, len(pages))
 	var remaining int64
@@ -155,7 +167,7 @@ func mergePages(pages []*heraldv1.ListResponse, limit int64, ignoreLimit bool) *
 		remaining += left
 	}
 	if more && len(out.Keys) > 0 {
-		out.Continue = rv.Token{Rev: out.Revision, After: out.Keys[len(out.Keys)-1]}.Encode()
+		out.Continue = rv.After(out.Keys[len(out.Keys)-1], out.Revision).Encode(prefix)
 		if counted && anyCounted(pages) {
 			out.RemainingItemCount = &remaining
 		}

@@ -85,7 +85,7 @@ func TestMergePages(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := mergePages(tt.pages, tt.limit, tt.ignoreLimit)
+			got := mergePages(tt.pages, tt.limit, tt.ignoreLimit, "/")
 			if got.Revision != 9 {
 				t.Errorf("revision %d, want the first shard's 9", got.Revision)
 			}
@@ -103,8 +103,8 @@ func TestMergePages(t *testing.T) {
 				}
 				return
 			}
-			tok, err := rv.DecodeToken(got.Continue)
-			if err != nil || tok.Rev != 9 || tok.After != tt.cont {
+			tok, err := rv.DecodeToken(got.Continue, "/")
+			if err != nil || tok != rv.After(tt.cont, 9) {
 				t.Fatalf("continue token %+v (%v), want after %q at 9", tok, err, tt.cont)
 			}
 			if (got.RemainingItemCount == nil) != (tt.remaining == nil) || (tt.remaining != nil && *got.RemainingItemCount != *tt.remaining) {
@@ -133,12 +133,24 @@ func TestListRouting(t *testing.T) {
 	if r := sh[1].Lists()[0]; r.ResourceVersion != "40" || r.ResourceVersionMatch != string(rv.MatchExact) || r.LabelSelector != "app=x" || r.Limit != 10 {
 		t.Fatalf("second shard asked %+v, want exactly revision 40 with the same selectors and limit", r)
 	}
-	// A continue token carries the revision to every shard.
-	if _, err := c.List(ctx, &heraldv1.ListRequest{Resource: "pods", Continue: "tok", Limit: 1}); err != nil {
+	// A continue token carries the revision to every shard; one without a
+	// revision (kube-apiserver's for the latest state) gets the first
+	// shard's.
+	pods, _ := c.reg.ByID("pods")
+	prefix := pods.NamespacePrefix("")
+	tok := rv.After(prefix+"ns/p1", 40).Encode(prefix)
+	if _, err := c.List(ctx, &heraldv1.ListRequest{Resource: "pods", Continue: tok, Limit: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if r := sh[1].Lists()[1]; r.Continue != "tok" || r.ResourceVersion != "" {
+	if r := sh[1].Lists()[1]; r.Continue != tok || r.ResourceVersion != "" {
 		t.Fatalf("second shard asked %+v, want the continue token", r)
+	}
+	latest := rv.Token{Start: prefix + "ns/p1\x00"}.Encode(prefix)
+	if _, err := c.List(ctx, &heraldv1.ListRequest{Resource: "pods", Continue: latest, Limit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r := sh[1].Lists()[2]; r.Continue != tok || r.ResourceVersion != "" {
+		t.Fatalf("second shard asked %+v for a token without revision, want the first shard's revision 40", r)
 	}
 	// One namespace, or an unsplit resource: one shard, the request as is.
 	for _, tc := range []struct {
@@ -157,8 +169,8 @@ func TestListRouting(t *testing.T) {
 			t.Fatalf("%+v did not go, unchanged, to shard %d", tc.req, tc.shard)
 		}
 	}
-	if n := len(sh[0].Lists()) + len(sh[1].Lists()); n != 6 {
-		t.Fatalf("%d LISTs on the pods shards, want 6", n)
+	if n := len(sh[0].Lists()) + len(sh[1].Lists()); n != 8 {
+		t.Fatalf("%d LISTs on the pods shards, want 8", n)
 	}
 	if _, err := c.List(ctx, &heraldv1.ListRequest{Resource: "widgets"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown resource: %v, want NotFound", err)

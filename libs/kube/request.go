@@ -2,8 +2,6 @@ package kube
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -326,28 +324,16 @@ func ValidateListOptions(q url.Values) error {
 // resourceVersion or continue token kube-apiserver's storage cannot read in
 // its words ("invalid resource version: ...", "invalid continue token:
 // ..."), anything else as OptionError makes it.
-func ListPlanError(err error, resourceVersion, cont string) error {
+func ListPlanError(err error, resourceVersion string) error {
 	if !errors.Is(err, rv.ErrMalformed) {
 		return OptionError(err)
 	}
 	if invalid := resourceVersionError(resourceVersion); invalid != nil {
 		return apierrors.NewBadRequest("invalid resource version: " + invalid.Error())
 	}
-	if cont != "" {
-		// storage.DecodeContinue's first two steps: a token that is
-		// not base64 JSON is refused with the decoder's error.
-		b, derr := base64.RawURLEncoding.DecodeString(cont)
-		if derr == nil {
-			var token struct {
-				APIVersion      string `json:"v"`
-				ResourceVersion int64  `json:"rv"`
-				StartKey        string `json:"start"`
-			}
-			derr = json.Unmarshal(b, &token)
-		}
-		if derr != nil {
-			return apierrors.NewBadRequest(fmt.Sprintf("invalid continue token: continue key is not valid: %v", derr))
-		}
+	var te *rv.TokenError
+	if errors.As(err, &te) {
+		return apierrors.NewBadRequest("invalid continue token: " + te.Error())
 	}
 	return OptionError(err)
 }

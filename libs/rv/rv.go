@@ -99,7 +99,8 @@ const (
 	ListNotOlderThan
 	// ListExact: exactly at Rev.
 	ListExact
-	// ListContinue: the next page of a paginated list at Token.Rev.
+	// ListContinue: the next page of a paginated list at Token.Rev (0: at
+	// the latest revision, as a consistent read).
 	ListContinue
 )
 
@@ -113,8 +114,9 @@ type ListPlan struct {
 }
 
 // PlanList validates a LIST's resourceVersion, resourceVersionMatch, limit and
-// continue parameters and returns what must be served.
-func PlanList(resourceVersion, match, cont string, limit int64) (ListPlan, error) {
+// continue parameters and returns what must be served; prefix is the key
+// prefix of what is listed (see DecodeToken).
+func PlanList(resourceVersion, match, cont string, limit int64, prefix string) (ListPlan, error) {
 	if limit < 0 {
 		return ListPlan{}, fmt.Errorf("%w: limit must not be negative", ErrMalformed)
 	}
@@ -143,7 +145,7 @@ func PlanList(resourceVersion, match, cont string, limit int64) (ListPlan, error
 		if v.Kind != Unset && v.Kind != Any {
 			return ListPlan{}, fmt.Errorf("%w: specifying resourceVersion is not allowed when using continue", ErrInvalidCombination)
 		}
-		tok, err := DecodeToken(cont)
+		tok, err := DecodeToken(cont, prefix)
 		if err != nil {
 			return ListPlan{}, err
 		}

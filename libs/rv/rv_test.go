@@ -1,7 +1,10 @@
 package rv
 
 import (
+	"encoding/base64"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -40,7 +43,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestPlanList(t *testing.T) {
-	tok := Token{Rev: 42, After: "/registry/pods/a/b"}.Encode()
+	tok := After("/registry/pods/a/b", 42).Encode("/registry/pods/")
 	tests := []struct {
 		name          string
 		rv, match, co string
@@ -57,8 +60,8 @@ func TestPlanList(t *testing.T) {
 		{"n not older limit", "7", "NotOlderThan", "", 5, ListPlan{Mode: ListNotOlderThan, Rev: 7, Limit: 5}, nil},
 		{"n not older", "7", "NotOlderThan", "", 0, ListPlan{Mode: ListNotOlderThan, Rev: 7}, nil},
 		{"n exact", "7", "Exact", "", 3, ListPlan{Mode: ListExact, Rev: 7, Limit: 3}, nil},
-		{"continue", "", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, After: "/registry/pods/a/b"}}, nil},
-		{"continue rv0", "0", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, After: "/registry/pods/a/b"}}, nil},
+		{"continue", "", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, Start: "/registry/pods/a/b\x00"}}, nil},
+		{"continue rv0", "0", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, Start: "/registry/pods/a/b\x00"}}, nil},
 		{"continue with rv", "5", "", tok, 3, ListPlan{}, ErrInvalidCombination},
 		{"continue with match", "5", "Exact", tok, 3, ListPlan{}, ErrInvalidCombination},
 		{"bad continue", "", "", "!!", 3, ListPlan{}, ErrMalformed},
@@ -70,7 +73,7 @@ func TestPlanList(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := PlanList(tt.rv, tt.match, tt.co, tt.limit)
+			got, err := PlanList(tt.rv, tt.match, tt.co, tt.limit, "/registry/pods/")
 			if tt.err != nil {
 				if !errors.Is(err, tt.err) {
 					t.Fatalf("error = %v, want %v", err, tt.err)
@@ -131,32 +134,65 @@ func TestPlanWatch(t *testing.T) {
 	}
 }
 
+// TestTokenRoundTrip: tokens are kube-apiserver's, byte for byte, and read
+// as it reads them, errors included.
 func TestTokenRoundTrip(t *testing.T) {
-	in := Token{Rev: 99, After: "/registry/pods/ns-1/web-0"}
-	out, err := DecodeToken(in.Encode())
-	if err != nil || out != in {
+	const prefix = "/registry/pods/"
+	in := After("/registry/pods/ns-1/web-0", 99)
+	enc := in.Encode(prefix)
+	// What k8s.io/apiserver's storage.EncodeContinue writes for the key
+	// after ns-1/web-0 under the prefix, at revision 99.
+	if want := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":99,"start":"ns-1/web-0\u0000"}`)); enc != want {
+		t.Errorf("Encode = %s, want %s", enc, want)
+	}
+	if out, err := DecodeToken(enc, prefix); err != nil || out != in {
 		t.Fatalf("round trip = %+v, %v; want %+v", out, err, in)
 	}
-	for _, bad := range []string{"", "e30", "eyJ2IjoieCJ9", in.Encode() + "x"} {
-		if _, err := DecodeToken(bad); !errors.Is(err, ErrMalformed) {
-			t.Errorf("DecodeToken(%q) error = %v, want ErrMalformed", bad, err)
+	// Within a namespace, the start key is the name's.
+	if out, err := DecodeToken(in.Encode(prefix+"ns-1/"), prefix+"ns-1/"); err != nil || out != in {
+		t.Fatalf("namespaced round trip = %+v, %v; want %+v", out, err, in)
+	}
+	// A negative revision asks for the latest state.
+	latest := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":-1,"start":"ns-1/web-0\u0000"}`))
+	if out, err := DecodeToken(latest, prefix); err != nil || out != (Token{Rev: 0, Start: in.Start}) {
+		t.Fatalf("negative revision = %+v, %v", out, err)
+	}
+	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, tc := range []struct{ token, msg string }{
+		{"", "continue key is not valid: unexpected end of JSON input"},
+		{"!!", "continue key is not valid: illegal base64 data at input byte 0"},
+		{enc + "=", "continue key is not valid: illegal base64 data at input byte " + strconv.Itoa(len(enc))},
+		{b64(`{}`), "continue key is not valid: server does not recognize this encoded version "},
+		{b64(`{"v":"herald/v1","rv":1,"after":"/registry/pods/a/b"}`), "continue key is not valid: server does not recognize this encoded version herald/v1"},
+		{b64(`{"v":"meta.k8s.io/v1","start":"a"}`), "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"},
+		{b64(`{"v":"meta.k8s.io/v1","rv":1}`), "continue key is not valid: encoded start key empty (version meta.k8s.io/v1)"},
+		{b64(`{"v":"meta.k8s.io/v1","rv":1,"start":"../secrets/a"}`), "continue key is not valid: ../secrets/a"},
+		{b64(`{"v":"meta.k8s.io/v1","rv":1,"start":"a//b"}`), "continue key is not valid: a//b"},
+	} {
+		_, err := DecodeToken(tc.token, prefix)
+		if !errors.Is(err, ErrMalformed) || err.Error() != tc.msg {
+			t.Errorf("DecodeToken(%q) error = %v, want %q (ErrMalformed)", tc.token, err, tc.msg)
 		}
 	}
 }
 
 func FuzzDecodeToken(f *testing.F) {
-	f.Add(Token{Rev: 1, After: "/registry/pods/a/b"}.Encode())
+	const prefix = "/registry/pods/"
+	f.Add(After("/registry/pods/a/b", 1).Encode(prefix))
 	f.Add("")
 	f.Add("eyJ2IjoiaGVyYWxkL3YxIiwicnYiOjEsImFmdGVyIjoiLyJ9")
 	f.Fuzz(func(t *testing.T, s string) {
-		tok, err := DecodeToken(s)
+		tok, err := DecodeToken(s, prefix)
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("unclassified error %v", err)
 			}
 			return
 		}
-		again, err := DecodeToken(tok.Encode())
+		if !strings.HasPrefix(tok.Start, prefix) {
+			t.Fatalf("%q decodes to a start key outside the prefix: %+v", s, tok)
+		}
+		again, err := DecodeToken(tok.Encode(prefix), prefix)
 		if err != nil || again != tok {
 			t.Fatalf("re-encode of %+v = %+v, %v", tok, again, err)
 		}
@@ -167,7 +203,7 @@ func FuzzPlan(f *testing.F) {
 	f.Add("5", "Exact", "", int64(1))
 	f.Add("", "", "", int64(0))
 	f.Fuzz(func(t *testing.T, rvs, match, cont string, limit int64) {
-		if _, err := PlanList(rvs, match, cont, limit); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrInvalidCombination) {
+		if _, err := PlanList(rvs, match, cont, limit, "/registry/pods/"); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrInvalidCombination) {
 			t.Fatalf("unclassified error %v", err)
 		}
 		b := limit%2 == 0

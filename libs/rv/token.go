@@ -4,63 +4,98 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"path"
 	"strings"
 )
 
-// tokenVersion guards against tokens of another format (or another
-// server): a token carries it and a different one is rejected as malformed.
-const tokenVersion = "herald/v1"
+// Continue tokens are kube-apiserver's (k8s.io/apiserver's storage
+// EncodeContinue and DecodeContinue): base64url (unpadded) of
+// {"v":"meta.k8s.io/v1","rv":<revision>,"start":<key>}, where the key is the
+// one the next page starts at, relative to the list's key prefix (the last
+// key served and a NUL byte). So a list Herald started can go on at
+// kube-apiserver, and one kube-apiserver started at Herald, as between two
+// kube-apiservers; for the same page at the same revision, both hand out the
+// same token.
+
+// tokenVersion is the only version kube-apiserver reads.
+const tokenVersion = "meta.k8s.io/v1"
 
 // maxTokenLen bounds the work spent on a client's token. Keys are at most a
-// few hundred bytes; anything far larger is not ours.
+// few hundred bytes; anything far larger is not a token.
 const maxTokenLen = 4096
 
-// Token is the decoded content of a continue token: the list's revision
-// and the key after which the next page starts.
+// Token is the decoded content of a continue token.
 type Token struct {
+	// Rev is the list's revision; 0 for a token that asks for the latest
+	// state (kube-apiserver's tokens with a negative revision).
 	Rev int64
-	// After is the last key served on the previous page; the next page
-	// starts strictly after it.
-	After string
+	// Start is the key the next page starts at (included).
+	Start string
 }
+
+// After returns the token that continues a list after key at rev.
+func After(key string, rev int64) Token { return Token{Rev: rev, Start: key + "\x00"} }
 
 type tokenWire struct {
 	V     string `json:"v"`
 	Rev   int64  `json:"rv"`
-	After string `json:"after"`
+	Start string `json:"start"`
 }
 
-// Encode returns the opaque token a client sends back as continue.
-func (t Token) Encode() string {
-	b, _ := json.Marshal(tokenWire{V: tokenVersion, Rev: t.Rev, After: t.After})
+// Encode returns the token a client sends back as continue, for a list of
+// the keys under prefix (a resource's or a namespace's, ending in "/").
+func (t Token) Encode(prefix string) string {
+	rev := t.Rev
+	if rev == 0 {
+		rev = -1 // the latest state, as kube-apiserver reads it
+	}
+	b, _ := json.Marshal(tokenWire{V: tokenVersion, Rev: rev, Start: strings.TrimPrefix(t.Start, prefix)})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// DecodeToken validates and decodes a continue token. Anything that Encode
-// did not produce is ErrMalformed.
-func DecodeToken(s string) (Token, error) {
+// TokenError is a continue token that cannot be read; its text is
+// kube-apiserver's for the same token.
+type TokenError struct{ msg string }
+
+func (e *TokenError) Error() string { return e.msg }
+
+// Is makes a TokenError an ErrMalformed.
+func (e *TokenError) Is(target error) bool { return target == ErrMalformed }
+
+func tokenError(format string, a ...any) error {
+	return &TokenError{msg: "continue key is not valid" + fmt.Sprintf(format, a...)}
+}
+
+// DecodeToken reads a continue token of a list of the keys under prefix, as
+// kube-apiserver does: its start key may not leave prefix.
+func DecodeToken(s, prefix string) (Token, error) {
 	if len(s) > maxTokenLen {
-		return Token{}, fmt.Errorf("%w: continue token is too long", ErrMalformed)
+		return Token{}, tokenError(": too long")
 	}
-	// Accept padded base64 too: some clients re-encode what they receive.
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(s, "="))
+	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
-		return Token{}, fmt.Errorf("%w: continue token is not valid: not base64", ErrMalformed)
+		return Token{}, tokenError(": %v", err)
 	}
 	var w tokenWire
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&w); err != nil || dec.More() || dec.InputOffset() != int64(len(b)) {
-		return Token{}, fmt.Errorf("%w: continue token is not valid: not a Herald token", ErrMalformed)
+	if err := json.Unmarshal(b, &w); err != nil {
+		return Token{}, tokenError(": %v", err)
 	}
 	if w.V != tokenVersion {
-		return Token{}, fmt.Errorf("%w: continue token is not valid: unknown version %q", ErrMalformed, w.V)
+		return Token{}, tokenError(": server does not recognize this encoded version %v", w.V)
 	}
-	if w.Rev <= 0 {
-		return Token{}, fmt.Errorf("%w: continue token is not valid: bad revision", ErrMalformed)
+	if w.Rev == 0 {
+		return Token{}, tokenError(": incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
 	}
-	if w.After == "" || !strings.HasPrefix(w.After, "/") || strings.Contains(w.After, "/../") {
-		return Token{}, fmt.Errorf("%w: continue token is not valid: bad key", ErrMalformed)
+	if w.Start == "" {
+		return Token{}, tokenError(": encoded start key empty (version meta.k8s.io/v1)")
 	}
-	return Token{Rev: w.Rev, After: w.After}, nil
+	// A start key that path.Clean would change could climb out of prefix.
+	key := w.Start
+	if !strings.HasPrefix(key, "/") {
+		key = "/" + key
+	}
+	if path.Clean(key) != key {
+		return Token{}, tokenError(": %v", w.Start)
+	}
+	return Token{Rev: max(w.Rev, 0), Start: prefix + key[1:]}, nil
 }

@@ -109,12 +109,13 @@ func (s snapshot) get(key string) *kube.Object {
 	return nil
 }
 
-// scan calls fn for the objects in key order, starting after key after
-// (exclusive) and restricted to prefix, until fn returns false.
-func (s snapshot) scan(prefix, after string, fn func(*entry) bool) {
+// scan calls fn for the objects in key order, starting at key from
+// (included; "": the first) and restricted to prefix, until fn returns
+// false.
+func (s snapshot) scan(prefix, from string, fn func(*entry) bool) {
 	start := prefix
-	if after != "" && after >= prefix {
-		start = after + "\x00"
+	if from > prefix {
+		start = from
 	}
 	s.t.AscendGreaterOrEqual(&entry{key: start}, func(e *entry) bool {
 		if !strings.HasPrefix(e.key, prefix) {

@@ -83,7 +83,8 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if req.Name != "" {
 		limit = 0 // a GET's: it does not make the resourceVersion exact
 	}
-	plan, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, limit)
+	prefix := rs.res.NamespacePrefix(req.Namespace)
+	plan, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, limit, prefix)
 	if err != nil {
 		return nil, errStatus(err)
 	}
@@ -104,8 +105,10 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		}
 	}
 	var atRev int64
-	switch plan.Mode {
-	case rv.ListConsistent:
+	switch {
+	case plan.Mode == rv.ListConsistent, plan.Mode == rv.ListContinue && plan.Token.Rev == 0:
+		// (A token with no revision, from kube-apiserver, continues at the
+		// latest state, read as consistently.)
 		cur, err := v.s.currentRevision(ctx)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "reading etcd's revision: %v", err)
@@ -116,14 +119,14 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			}
 			return nil, errStatus(err)
 		}
-	case rv.ListNotOlderThan, rv.ListExact:
+	case plan.Mode == rv.ListNotOlderThan, plan.Mode == rv.ListExact:
 		if err := v.s.waitFor(ctx, plan.Rev, rs.res.ID()); err != nil {
 			return nil, errStatus(err)
 		}
 		if plan.Mode == rv.ListExact {
 			atRev = plan.Rev
 		}
-	case rv.ListContinue:
+	case plan.Mode == rv.ListContinue:
 		// The token's revision is the first page's, which another replica
 		// (or, for a split resource, another shard) may have served: this
 		// one may not have reached it yet, and its state now is older.
@@ -157,15 +160,15 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		resp.Keys = []string{key}
 		return resp, nil
 	}
-	after := ""
+	from := ""
 	if plan.Mode == rv.ListContinue {
-		after = plan.Token.After
+		from = plan.Token.Start
 	}
 	limit = plan.Limit
 	var last string
 	more := false
 	var remaining int64
-	snap.scan(rs.res.NamespacePrefix(req.Namespace), after, func(e *entry) bool {
+	snap.scan(prefix, from, func(e *entry) bool {
 		if limit > 0 && int64(len(resp.Items)) >= limit {
 			// As kube-apiserver's cacher pages: a full page has a
 			// continue token when any object follows it, matching or
@@ -187,7 +190,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		return true
 	})
 	if more {
-		resp.Continue = rv.Token{Rev: atRev, After: last}.Encode()
+		resp.Continue = rv.After(last, atRev).Encode(prefix)
 		if !sel.HasSelectors() {
 			resp.RemainingItemCount = &remaining
 		}

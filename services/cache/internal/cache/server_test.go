@@ -410,7 +410,7 @@ func TestListContinueWaitsForTheTokensRevision(t *testing.T) {
 	WithClock(fc)(s)
 	// The first page ended at p1, at snapRev+3, on a replica that had
 	// applied the next two revisions.
-	tok := rv.Token{Rev: snapRev + 3, After: rs.res.ObjectKey("a", "p1")}.Encode()
+	tok := rv.After(rs.res.ObjectKey("a", "p1"), snapRev+3).Encode(rs.res.NamespacePrefix(""))
 	type result struct {
 		resp *heraldv1.ListResponse
 		err  error
@@ -446,7 +446,7 @@ func TestListContinueWaitsForTheTokensRevision(t *testing.T) {
 	// A token the shard does not reach in time is refused, never served.
 	fc = clocktesting.NewFakeClock(time.Unix(1, 0))
 	WithClock(fc)(s)
-	tok = rv.Token{Rev: snapRev + 9, After: rs.res.ObjectKey("a", "p1")}.Encode()
+	tok = rv.After(rs.res.ObjectKey("a", "p1"), snapRev+9).Encode(rs.res.NamespacePrefix(""))
 	go func() {
 		resp, err := v.List(t.Context(), &heraldv1.ListRequest{Resource: "pods", Continue: tok, Limit: 10})
 		done <- result{resp, err}

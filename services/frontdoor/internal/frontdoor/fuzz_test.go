@@ -100,12 +100,13 @@ func FuzzSelectors(f *testing.F) {
 }
 
 func FuzzContinue(f *testing.F) {
-	f.Add(rv.Token{Rev: 5, After: "/registry/pods/ns1/p"}.Encode(), "", int64(10))
-	f.Add(rv.Token{Rev: 5, After: "/registry/pods/ns1/p"}.Encode()+"==", "0", int64(0))
+	f.Add(rv.After("/registry/pods/ns1/p", 5).Encode("/registry/pods/ns1/"), "", int64(10))
+	f.Add(rv.After("/registry/pods/ns1/p", 5).Encode("/registry/pods/ns1/")+"==", "0", int64(0))
 	f.Add("eyJ2IjoiaGVyYWxkL3YxIiwicnYiOi0xLCJhZnRlciI6Ii8ifQ", "", int64(1))
 	f.Add("not base64!", "", int64(1))
 	f.Add(strings.Repeat("A", 5000), "", int64(1))
 	f.Add("e30", "7", int64(-3))
+	f.Add("eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6LTEsInN0YXJ0IjoibnMxL3BcdTAwMDAifQ", "", int64(1))
 	f.Fuzz(func(t *testing.T, cont, resourceVersion string, limit int64) {
 		q := url.Values{"continue": {cont}, "resourceVersion": {resourceVersion}, "limit": {itoa(limit)}}
 		serveFuzz(t, "/api/v1/pods", q.Encode())

@@ -634,8 +634,8 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	if err := kube.ValidateListOptions(q); err != nil {
 		return nil, err
 	}
-	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit); err != nil {
-		return nil, kube.ListPlanError(err, req.ResourceVersion, req.Continue)
+	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit, info.Resource.NamespacePrefix(info.Namespace)); err != nil {
+		return nil, kube.ListPlanError(err, req.ResourceVersion)
 	}
 	return req, nil
 }
