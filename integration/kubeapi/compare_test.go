@@ -428,7 +428,9 @@ func (f *fixture) fetchWatchJSON(path string, q url.Values, accept, marker strin
 		ctx, cancel := context.WithTimeout(ctx, watchWait)
 		defer cancel()
 		q := cloneValues(q)
-		q.Set("watch", "true")
+		if !q.Has("watch") {
+			q.Set("watch", "true")
+		}
 		resp, err := f.request(ctx, base, path, q, accept)
 		if err != nil {
 			return view{}, err

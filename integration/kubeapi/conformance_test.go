@@ -3,6 +3,7 @@ package kubeapi
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"net/url"
 	"testing"
 	"time"
@@ -61,6 +62,10 @@ func (f *fixture) objects(t *testing.T, c *resourceCase) (names, nss []string) {
 	return names, nss
 }
 
+// validToken is a continue token both servers can read (a start key under
+// any list's prefix, at revision 5).
+var validToken = base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":5,"start":"x\u0000"}`))
+
 func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 	names, nss := f.objects(t, c)
 	var checks []check
@@ -75,6 +80,9 @@ func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 		add(g+"metadata", f.fetchJSON(p, nil, mediaJSON+asMeta), agreeOpts{})
 		add(g+"metadata-protobuf", f.fetchProtobuf(p, nil, mediaProtobuf+asMeta), agreeOpts{})
 		add(g+"table", f.fetchJSON(p, nil, acceptTable), agreeOpts{})
+		// A GET's only option is resourceVersion: a list's are ignored.
+		add(g+"list-options", f.fetchJSON(p, query("labelSelector", "nothing=here", "fieldSelector", "metadata.name=other",
+			"limit", "1", "continue", "garbage", "resourceVersionMatch", "Exact"), mediaJSON), agreeOpts{})
 	}
 
 	scopes := []struct{ name, ns string }{{"all", ""}}
@@ -134,6 +142,7 @@ func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 		add(l+"resourceVersion-limit-crossed", f.fetchPagesCrossed(p, from, mediaJSON, 1), agreeOpts{})
 		add(l+"limit-label-crossed", f.fetchPagesCrossed(p, with("labelSelector", "herald-e2e=yes"), mediaJSON, 1), agreeOpts{})
 		add(w+"json", f.fetchWatchJSON(p, from, mediaJSON, c.marker), agreeOpts{})
+		add(w+"watch=Yes", f.fetchWatchJSON(p, with("watch", "Yes"), mediaJSON, c.marker), agreeOpts{})
 		add(w+"protobuf", f.fetchWatchProtobuf(p, from, mediaProtobuf, c.marker), agreeOpts{})
 		add(w+"metadata", f.fetchWatchJSON(p, from, mediaJSON+asMeta, c.marker), agreeOpts{})
 		add(w+"metadata-protobuf", f.fetchWatchProtobuf(p, from, mediaProtobuf+asMeta, c.marker), agreeOpts{})
@@ -160,6 +169,11 @@ func (f *fixture) checkResource(t *testing.T, c *resourceCase) {
 			{"resourceVersionMatch-without-resourceVersion", p, mediaJSON, query("resourceVersionMatch", "NotOlderThan")},
 			{"bad-resourceVersionMatch", p, mediaJSON, query("resourceVersion", "1", "resourceVersionMatch", "Bogus")},
 			{"bad-continue", p, mediaJSON, query("limit", "1", "continue", "garbage")},
+			{"continue-with-resourceVersion", p, mediaJSON, query("limit", "1", "continue", validToken, "resourceVersion", "5")},
+			{"continue-with-bad-resourceVersion", p, mediaJSON, query("limit", "1", "continue", validToken, "resourceVersion", "abc")},
+			{"bad-continue-with-resourceVersion", p, mediaJSON, query("limit", "1", "continue", "garbage", "resourceVersion", "5")},
+			{"continue-unknown-version", p, mediaJSON, query("limit", "1", "continue", base64.RawURLEncoding.EncodeToString([]byte(`{"v":"herald/v1","rv":5,"after":"/x"}`)))},
+			{"continue-traversal", p, mediaJSON, query("limit", "1", "continue", base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":5,"start":"../secrets/x"}`)))},
 			{"negative-limit", p, mediaJSON, query("limit", "-1")},
 			{"watch-bad-resourceVersion", p, mediaJSON, query("watch", "true", "resourceVersion", "abc")},
 			{"watch-bad-label-selector", p, mediaJSON, query("watch", "true", "labelSelector", "tier in (a")},

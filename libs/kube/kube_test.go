@@ -66,6 +66,13 @@ func TestParseRequest(t *testing.T) {
 		{"/api/v1/pods", "", "pods", "", "", VerbList, 0},
 		{"/api/v1/pods", "watch=true", "pods", "", "", VerbWatch, 0},
 		{"/api/v1/namespaces/default/pods", "watch=1", "pods", "default", "", VerbWatch, 0},
+		// kube-apiserver's reading of ?watch: anything but 0 and false.
+		{"/api/v1/pods", "watch=True", "pods", "", "", VerbWatch, 0},
+		{"/api/v1/pods", "watch=yes", "pods", "", "", VerbWatch, 0},
+		{"/api/v1/pods", "watch", "pods", "", "", VerbWatch, 0},
+		{"/api/v1/pods", "watch=", "pods", "", "", VerbWatch, 0},
+		{"/api/v1/pods", "watch=FALSE", "pods", "", "", VerbList, 0},
+		{"/api/v1/pods", "watch=0&watch=1", "pods", "", "", VerbList, 0},
 		{"/api/v1/namespaces/default/pods/web-0", "", "pods", "default", "web-0", VerbGet, 0},
 		{"/api/v1/namespaces/default", "", "namespaces", "", "default", VerbGet, 0},
 		{"/api/v1/namespaces", "", "namespaces", "", "", VerbList, 0},

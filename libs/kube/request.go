@@ -102,10 +102,19 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	// ?watch=true turns a collection's GET into a watch; on a named object
 	// it is ignored, the request stays a GET (kube-apiserver's request
 	// info: only /watch/ paths watch one object).
-	if w := query.Get("watch"); watchPath || (info.Name == "" && (w == "true" || w == "1")) {
+	if watchPath || (info.Name == "" && WatchParam(query)) {
 		info.Verb = VerbWatch
 	}
 	return info, nil
+}
+
+// WatchParam reports whether query asks for a watch as kube-apiserver reads
+// ?watch (apimachinery's conversion of a query value to a bool): present,
+// and neither "0" nor "false" in any case ("?watch" and "?watch=yes" are
+// watches).
+func WatchParam(query url.Values) bool {
+	v := query["watch"]
+	return len(v) > 0 && v[0] != "0" && !strings.EqualFold(v[0], "false")
 }
 
 // AwaitRequest is ParseRequest for a hop serving a request another hop has
@@ -328,12 +337,17 @@ func ListPlanError(err error, resourceVersion string) error {
 	if !errors.Is(err, rv.ErrMalformed) {
 		return OptionError(err)
 	}
-	if invalid := resourceVersionError(resourceVersion); invalid != nil {
-		return apierrors.NewBadRequest("invalid resource version: " + invalid.Error())
-	}
+	// In kube-apiserver's storage's order: the token, then the
+	// resourceVersion.
 	var te *rv.TokenError
 	if errors.As(err, &te) {
 		return apierrors.NewBadRequest("invalid continue token: " + te.Error())
+	}
+	if errors.Is(err, rv.ErrContinueWithResourceVersion) {
+		return apierrors.NewBadRequest(err.Error())
+	}
+	if invalid := resourceVersionError(resourceVersion); invalid != nil {
+		return apierrors.NewBadRequest("invalid resource version: " + invalid.Error())
 	}
 	return OptionError(err)
 }

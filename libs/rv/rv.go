@@ -19,10 +19,22 @@ import (
 var (
 	// ErrMalformed: a value could not be parsed (HTTP 400 BadRequest).
 	ErrMalformed = errors.New("malformed")
+	// ErrContinueWithResourceVersion: a continue token and a
+	// resourceVersion other than "0" (an ErrMalformed, in kube-apiserver's
+	// words: HTTP 400).
+	ErrContinueWithResourceVersion error = malformed("specifying resource version is not allowed when using continue")
 	// ErrInvalidCombination: well-formed values that may not be combined
 	// (HTTP 422 Invalid, as kube-apiserver's option validation answers).
 	ErrInvalidCombination = errors.New("invalid combination")
 )
+
+// malformed is an ErrMalformed whose text is the client's.
+type malformed string
+
+func (e malformed) Error() string { return string(e) }
+
+// Is makes it an ErrMalformed.
+func (e malformed) Is(target error) bool { return target == ErrMalformed }
 
 // Kind says which of the three resourceVersion forms a request carried.
 type Kind uint8
@@ -120,6 +132,18 @@ func PlanList(resourceVersion, match, cont string, limit int64, prefix string) (
 	if limit < 0 {
 		return ListPlan{}, fmt.Errorf("%w: limit must not be negative", ErrMalformed)
 	}
+	// kube-apiserver's storage reads the token first, and then refuses any
+	// resourceVersion with it but "0" without reading it.
+	var tok Token
+	if cont != "" {
+		var err error
+		if tok, err = DecodeToken(cont, prefix); err != nil {
+			return ListPlan{}, err
+		}
+		if resourceVersion != "" && resourceVersion != "0" {
+			return ListPlan{}, ErrContinueWithResourceVersion
+		}
+	}
 	v, err := Parse(resourceVersion)
 	if err != nil {
 		return ListPlan{}, err
@@ -142,13 +166,6 @@ func PlanList(resourceVersion, match, cont string, limit int64, prefix string) (
 		}
 	}
 	if cont != "" {
-		if v.Kind != Unset && v.Kind != Any {
-			return ListPlan{}, fmt.Errorf("%w: specifying resourceVersion is not allowed when using continue", ErrInvalidCombination)
-		}
-		tok, err := DecodeToken(cont, prefix)
-		if err != nil {
-			return ListPlan{}, err
-		}
 		return ListPlan{Mode: ListContinue, Rev: tok.Rev, Limit: limit, Token: tok}, nil
 	}
 	switch {

@@ -62,8 +62,10 @@ func TestPlanList(t *testing.T) {
 		{"n exact", "7", "Exact", "", 3, ListPlan{Mode: ListExact, Rev: 7, Limit: 3}, nil},
 		{"continue", "", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, Start: "/registry/pods/a/b\x00"}}, nil},
 		{"continue rv0", "0", "", tok, 3, ListPlan{Mode: ListContinue, Rev: 42, Limit: 3, Token: Token{Rev: 42, Start: "/registry/pods/a/b\x00"}}, nil},
-		{"continue with rv", "5", "", tok, 3, ListPlan{}, ErrInvalidCombination},
-		{"continue with match", "5", "Exact", tok, 3, ListPlan{}, ErrInvalidCombination},
+		{"continue with rv", "5", "", tok, 3, ListPlan{}, ErrContinueWithResourceVersion},
+		{"continue with bad rv", "x", "", tok, 3, ListPlan{}, ErrContinueWithResourceVersion},
+		{"bad continue with rv", "5", "", "!!", 3, ListPlan{}, ErrMalformed},
+		{"continue with match", "5", "Exact", tok, 3, ListPlan{}, ErrContinueWithResourceVersion}, // frontdoor refuses it first (422, ValidateListOptions)
 		{"bad continue", "", "", "!!", 3, ListPlan{}, ErrMalformed},
 		{"match without rv", "", "Exact", "", 0, ListPlan{}, ErrInvalidCombination},
 		{"exact zero", "0", "Exact", "", 0, ListPlan{}, ErrInvalidCombination},
@@ -152,6 +154,17 @@ func TestTokenRoundTrip(t *testing.T) {
 	if out, err := DecodeToken(in.Encode(prefix+"ns-1/"), prefix+"ns-1/"); err != nil || out != in {
 		t.Fatalf("namespaced round trip = %+v, %v; want %+v", out, err, in)
 	}
+	// kube-apiserver's watch cache writes the start key with a leading
+	// slash.
+	slashed := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":99,"start":"/ns-1/web-0\u0000"}`))
+	if out, err := DecodeToken(slashed, prefix); err != nil || out != in {
+		t.Fatalf("leading slash = %+v, %v; want %+v", out, err, in)
+	}
+	// The prefix itself: the whole list.
+	whole := Token{Rev: 5, Start: prefix}
+	if out, err := DecodeToken(whole.Encode(prefix), prefix); err != nil || out != whole {
+		t.Fatalf("start at the prefix = %+v, %v; want %+v", out, err, whole)
+	}
 	// A negative revision asks for the latest state.
 	latest := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":-1,"start":"ns-1/web-0\u0000"}`))
 	if out, err := DecodeToken(latest, prefix); err != nil || out != (Token{Rev: 0, Start: in.Start}) {
@@ -181,6 +194,7 @@ func FuzzDecodeToken(f *testing.F) {
 	f.Add(After("/registry/pods/a/b", 1).Encode(prefix))
 	f.Add("")
 	f.Add("eyJ2IjoiaGVyYWxkL3YxIiwicnYiOjEsImFmdGVyIjoiLyJ9")
+	f.Add(base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":3,"start":"/"}`)))
 	f.Fuzz(func(t *testing.T, s string) {
 		tok, err := DecodeToken(s, prefix)
 		if err != nil {

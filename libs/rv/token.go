@@ -12,10 +12,10 @@ import (
 // EncodeContinue and DecodeContinue): base64url (unpadded) of
 // {"v":"meta.k8s.io/v1","rv":<revision>,"start":<key>}, where the key is the
 // one the next page starts at, relative to the list's key prefix (the last
-// key served and a NUL byte). So a list Herald started can go on at
-// kube-apiserver, and one kube-apiserver started at Herald, as between two
-// kube-apiservers; for the same page at the same revision, both hand out the
-// same token.
+// key served and a NUL byte; kube-apiserver's watch cache writes it with a
+// leading "/", its etcd storage without, and both read both). So a list
+// Herald started can go on at kube-apiserver, and one kube-apiserver started
+// at Herald, as between two kube-apiservers.
 
 // tokenVersion is the only version kube-apiserver reads.
 const tokenVersion = "meta.k8s.io/v1"
@@ -49,7 +49,11 @@ func (t Token) Encode(prefix string) string {
 	if rev == 0 {
 		rev = -1 // the latest state, as kube-apiserver reads it
 	}
-	b, _ := json.Marshal(tokenWire{V: tokenVersion, Rev: rev, Start: strings.TrimPrefix(t.Start, prefix)})
+	start := strings.TrimPrefix(t.Start, prefix)
+	if start == "" {
+		start = "/" // the prefix itself: kube-apiserver refuses an empty key
+	}
+	b, _ := json.Marshal(tokenWire{V: tokenVersion, Rev: rev, Start: start})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 

@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+
 	"herald.dev/integration/stack"
 )
 
@@ -102,6 +104,21 @@ func upstreamFromEnv() (stack.Upstream, error) {
 	return u, nil
 }
 
+// usesClientCertificate reports whether the current user of a kubeconfig
+// authenticates with a client certificate.
+func usesClientCertificate(kubeconfig string) bool {
+	cfg, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		return false // stack.Start reports it
+	}
+	ctx, ok := cfg.Contexts[cfg.CurrentContext]
+	if !ok {
+		return false
+	}
+	u, ok := cfg.AuthInfos[ctx.AuthInfo]
+	return ok && (u.ClientCertificate != "" || len(u.ClientCertificateData) > 0)
+}
+
 func run(dir, bin string, fanouts int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -130,6 +147,9 @@ func run(dir, bin string, fanouts int) error {
 				filepath.Join(dir, "kubeconfig"))
 		} else {
 			fmt.Printf("cluster mode: %s gets the current user of %s\n", filepath.Join(dir, "kubeconfig"), upstream.UserKubeconfig)
+			if upstream.ClientCAFile == "" && usesClientCertificate(upstream.UserKubeconfig) {
+				fmt.Printf("cluster mode: that user authenticates with a client certificate: set HERALD_UPSTREAM_CLIENT_CA=<the cluster's client CA>, or Herald refuses it (401)\n")
+			}
 		}
 	}
 	start := time.Now()

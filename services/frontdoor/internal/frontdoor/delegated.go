@@ -193,7 +193,7 @@ func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (
 	if err != nil {
 		// kube-apiserver's handler chain fails such a request before it
 		// reads any header: 500.
-		responsewriters.InternalError(w, r, err)
+		responsewriters.InternalError(w, r, fmt.Errorf("failed to create RequestInfo: %v", err))
 		return nil, false
 	}
 	var as user.Info
@@ -229,6 +229,10 @@ func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bo
 	}
 	if a.resourceRequest {
 		rec.APIVersion = "*"
+	}
+	// Selectors, as kube-apiserver's request info carries them: of a list
+	// or a watch only (a GET's are not its options).
+	if a.resourceRequest && (a.verb == "list" || a.verb == "watch") {
 		if s := q.Get("fieldSelector"); s != "" {
 			if sel, err := fields.ParseSelector(s); err == nil {
 				rec.FieldSelectorRequirements = sel.Requirements()

@@ -610,6 +610,17 @@ func identityMetadata(ctx context.Context, u *User) context.Context {
 
 // listRequest validates a LIST or GET's options before the cache sees them.
 func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, error) {
+	prefix := info.Resource.NamespacePrefix(info.Namespace)
+	if info.Name != "" {
+		// A GET reads GetOptions, whose only option is resourceVersion:
+		// kube-apiserver ignores a list's (limit, continue, selectors,
+		// resourceVersionMatch) on it.
+		req := &heraldv1.ListRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name, ResourceVersion: q.Get("resourceVersion")}
+		if _, err := rv.PlanList(req.ResourceVersion, "", "", 0, prefix); err != nil {
+			return nil, kube.ListPlanError(err, req.ResourceVersion)
+		}
+		return req, nil
+	}
 	var limit int64
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -634,7 +645,7 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	if err := kube.ValidateListOptions(q); err != nil {
 		return nil, err
 	}
-	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit, info.Resource.NamespacePrefix(info.Namespace)); err != nil {
+	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit, prefix); err != nil {
 		return nil, kube.ListPlanError(err, req.ResourceVersion)
 	}
 	return req, nil
