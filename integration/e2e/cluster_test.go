@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -436,6 +437,22 @@ func TestClusterMode(t *testing.T) {
 			hc, hb := c.call(ctx, c.FrontdoorURL, tokAlice, r.method, r.path, r.body)
 			if kc != hc || (kc == http.StatusForbidden && statusLine(kb) != statusLine(hb)) {
 				t.Errorf("alice %s %s: Herald %d %s, kube-apiserver %d %s", r.method, r.path, hc, statusLine(hb), kc, statusLine(kb))
+			}
+		}
+	})
+
+	// A deprecated API version's reads carry kube-apiserver's Warning,
+	// judged at kube-apiserver's version (this build's v0.0.0 deprecates
+	// every version that has a deprecation release, as it does there).
+	t.Run("deprecation-warning", func(t *testing.T) {
+		for _, args := range [][]string{{"-n", "demo", "get", "endpoints"}, {"get", "endpoints", "-A", "-o", "name"}, {"-n", "demo", "get", "configmaps", "-o", "name"}} {
+			direct := c.kubectlAs(t, ctx, c.kubeCfg["admin"], args...)
+			via := c.kubectlAs(t, ctx, admin, args...)
+			if direct != via {
+				t.Errorf("kubectl %s: Herald\n%s\nkube-apiserver\n%s", strings.Join(args, " "), via, direct)
+			}
+			if slices.Contains(args, "endpoints") != strings.Contains(via, "Warning: v1 Endpoints is deprecated") {
+				t.Errorf("kubectl %s through Herald: %q", strings.Join(args, " "), via)
 			}
 		}
 	})

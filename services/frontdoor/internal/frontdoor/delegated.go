@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/version"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/token/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -30,6 +31,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
+	discoveryclient "k8s.io/client-go/discovery"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
@@ -61,6 +63,9 @@ type cluster struct {
 	tokens k8sauthn.Token
 	authz  authorizer.Authorizer
 	up     *upstream
+	// version is the cluster's kube-apiserver's, read at start (what its
+	// deprecation warnings are judged by).
+	version version.Info
 	// impersonation is the filter, built once (it caches which mode
 	// allowed what); its handler hands the impersonated user back through
 	// the request's context (impersonatedKey).
@@ -116,6 +121,16 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 	}
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	// The version the cluster's deprecation warnings are judged by; if it
+	// cannot be read now, the API Herald serves (k8s.io/api v0.37).
+	v := version.Info{Major: "1", Minor: "37"}
+	if dc, err := discoveryclient.NewDiscoveryClientForConfig(rc); err == nil {
+		if sv, err := dc.ServerVersion(); err == nil {
+			v = *sv
+		} else {
+			log.Warn("reading the upstream's version (deprecation warnings are judged as of v1.37)", "err", err)
+		}
+	}
 	impersonated := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		if out, ok := r.Context().Value(impersonatedKey{}).(*user.Info); ok {
 			*out, _ = request.UserFrom(r.Context())
@@ -126,6 +141,7 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 		tokens:        cache.New(tr, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
 		authz:         az,
 		up:            up,
+		version:       v,
 		impersonation: impersonation.WithConstrainedImpersonation(impersonated, az, serializer.NewCodecFactory(scheme)),
 	}, nil
 }

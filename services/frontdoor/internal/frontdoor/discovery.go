@@ -108,9 +108,14 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 		}
 		put(path, metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"}, GroupVersion: gv, APIResources: res})
 	}
-	put("/version", version.Info{Major: "1", Minor: "32", GitVersion: "v1.32.0-herald", Platform: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version(), Compiler: runtime.Compiler})
+	v := standaloneVersion
+	v.Platform, v.GoVersion, v.Compiler = runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(), runtime.Compiler
+	put("/version", v)
 	return d
 }
+
+// standaloneVersion is the version frontdoor reports without an upstream.
+var standaloneVersion = version.Info{Major: "1", Minor: "32", GitVersion: "v1.32.0-herald"}
 
 // serve answers a discovery path; false when path is not one.
 func (d *discovery) serve(w http.ResponseWriter, path string) bool {

@@ -108,26 +108,28 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // Server is the frontdoor's HTTP handler.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	reg      *kube.Registry
-	authn    *authenticator
-	cluster  *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
-	rbac     *service.Reloadable[policy] // nil: no manifests, only system:masters
-	cert     *service.Reloadable[tls.Certificate]
-	cache    heraldv1.CacheClient
-	codec    *storage.Codec      // protobuf and metadata encodings
-	neg      *storage.Negotiator // content negotiation
-	tracer   trace.Tracer        // nil: tracing off
-	disc     *discovery
-	m        *metrics
-	fanout   *fanoutPool
-	requests *limiter
-	watches  *limiter
-	checks   []func() bool
-	loaded   []reloadable
-	metricsH http.Handler
-	debugH   http.Handler
+	cfg     Config
+	log     *slog.Logger
+	reg     *kube.Registry
+	authn   *authenticator
+	cluster *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
+	rbac    *service.Reloadable[policy] // nil: no manifests, only system:masters
+	cert    *service.Reloadable[tls.Certificate]
+	cache   heraldv1.CacheClient
+	codec   *storage.Codec      // protobuf and metadata encodings
+	neg     *storage.Negotiator // content negotiation
+	tracer  trace.Tracer        // nil: tracing off
+	disc    *discovery
+	// deprecations: the Warning header of a deprecated API version.
+	deprecations *deprecations
+	m            *metrics
+	fanout       *fanoutPool
+	requests     *limiter
+	watches      *limiter
+	checks       []func() bool
+	loaded       []reloadable
+	metricsH     http.Handler
+	debugH       http.Handler
 }
 
 // WithRegistry makes the server serve reg's resources (the registry its
@@ -193,10 +195,12 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		watch(a.saKeys)
 	}
 	s.authn = a
+	s.deprecations = newDeprecations(standaloneVersion)
 	if cfg.Upstream.enabled() {
 		if s.cluster, err = newCluster(cfg.Upstream, log); err != nil {
 			return nil, err
 		}
+		s.deprecations = newDeprecations(s.cluster.version)
 	}
 	if cfg.AuthorizationDir != "" {
 		files := manifestFiles(cfg.AuthorizationDir)
@@ -495,6 +499,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ae.reason = forbiddenReason(a)
 		kube.WriteStatus(rec, errForbidden(a, why))
 		return
+	}
+	if h := s.deprecations.header(info.Resource); h != "" {
+		rec.Header().Add("Warning", h)
 	}
 	// Content negotiation comes first, as in kube-apiserver's handlers.
 	n, err := s.negotiate(r, info)

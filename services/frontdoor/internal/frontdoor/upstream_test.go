@@ -56,6 +56,11 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 	case "/slow":
 		<-r.Context().Done()
 		return
+	case "/version":
+		if r.Header.Get("Impersonate-User") == "" { // frontdoor's own, once at start; a client's is forwarded
+			w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+			return
+		}
 	case "/apis/authentication.k8s.io/v1/tokenreviews":
 		k.tokenReviews.Add(1)
 		var tr authenticationv1.TokenReview
@@ -531,5 +536,32 @@ func TestUpstreamResponseTimeout(t *testing.T) {
 	rec := send(s, http.MethodGet, "/slow", tokAdmin, nil, nil)
 	if code, reason, _ := statusOf(t, rec.Body.Bytes()); rec.Code != http.StatusGatewayTimeout || code != 504 || reason != "Timeout" {
 		t.Errorf("%d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestDeprecationWarning: a deprecated API version's reads carry
+// kube-apiserver's Warning, judged at the cluster's version (v1.37 here:
+// v1 Endpoints is deprecated since v1.33) or, standalone, at the version
+// frontdoor reports (v1.32: not yet).
+func TestDeprecationWarning(t *testing.T) {
+	k := newFakeKube(t)
+	cluster := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	standalone, _ := testServer(t, "http://127.0.0.1:1", nil)
+	const want = `299 - "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"`
+	for _, tc := range []struct {
+		name string
+		s    *Server
+		path string
+		want []string
+	}{
+		{"cluster endpoints", cluster, "/api/v1/namespaces/ns1/endpoints", []string{want}},
+		{"cluster endpoint", cluster, "/api/v1/namespaces/ns1/endpoints/e", []string{want}},
+		{"cluster pods", cluster, "/api/v1/namespaces/ns1/pods", nil},
+		{"standalone endpoints", standalone, "/api/v1/namespaces/ns1/endpoints", nil},
+	} {
+		_, _, h := do(tc.s, tokAdmin, tc.path)
+		if got := h.Values("Warning"); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Warning %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
