@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,8 @@ func startCluster(t *testing.T) *clusterEnv {
 	t.Helper()
 	kubectl := kubectlPath(t)
 	bin := kubeAPIServerBinary(t)
-	e := startStack(t, stack.Options{})
+	// PodTemplates keep a window of three events: list-older-than-window.
+	e := startStack(t, stack.Options{Flags: map[string][]string{"cache": {"--watch-cache-sizes=podtemplates#3"}}})
 	ctx := testContext(t, 4*time.Minute)
 	dir := t.TempDir()
 	c := &clusterEnv{env: e, dir: dir, kubectl: kubectl, heraldCfg: map[string]string{}, kubeCfg: map[string]string{}}
@@ -386,6 +388,62 @@ func TestClusterMode(t *testing.T) {
 			if code != 200 || !strings.Contains(body, `"name":"`+name+`"`) {
 				t.Errorf("LIST right after create misses %s: %d %s", name, code, clip(body))
 			}
+		}
+	})
+
+	// A list older than the cache's window is kube-apiserver's to answer
+	// (it reads etcd, or its own watch cache): an exact list and a paged
+	// list's next page get what kube-apiserver gives, not the cache's 410.
+	t.Run("list-older-than-window", func(t *testing.T) {
+		const base = "/api/v1/namespaces/demo/podtemplates"
+		create := func(name string) {
+			t.Helper()
+			code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, base,
+				fmt.Sprintf(`{"apiVersion":"v1","kind":"PodTemplate","metadata":{"name":%q},"template":{"spec":{"containers":[{"name":"c","image":"i"}]}}}`, name))
+			if code != http.StatusCreated {
+				t.Fatalf("create %s: %d %s", name, code, clip(body))
+			}
+		}
+		create("a-0")
+		create("a-1")
+		var first podList
+		if code := c.get(t, base+"?limit=1", &first); code != http.StatusOK || first.Metadata.Continue == "" {
+			t.Fatalf("first page: %d %+v", code, first.Metadata)
+		}
+		for i := range 5 {
+			create(fmt.Sprintf("b-%d", i))
+		}
+		// The cache has applied them (a list reads its latest state):
+		// the first page's revision is out of its window now.
+		var now podList
+		if code := c.get(t, base, &now); code != http.StatusOK || len(now.Items) != 7 {
+			t.Fatalf("list: %d, %d items, want 7", code, len(now.Items))
+		}
+		names := func(l podList) string {
+			var out []string
+			for _, it := range l.Items {
+				var m objMeta
+				json.Unmarshal(it, &m)
+				out = append(out, m.Metadata.Name)
+			}
+			return strings.Join(out, ",")
+		}
+		forwarded := metric(t, c.Proc("frontdoor-0"), "herald_frontdoor_lists_older_than_window_total")
+		for _, path := range []string{
+			base + "?resourceVersionMatch=Exact&resourceVersion=" + first.Metadata.ResourceVersion,
+			base + "?limit=1&continue=" + url.QueryEscape(first.Metadata.Continue),
+		} {
+			hc, hb := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodGet, path, "")
+			kc, kb := c.call(ctx, c.kubeURL, c.Token, http.MethodGet, path, "")
+			var h, k podList
+			json.Unmarshal([]byte(hb), &h)
+			json.Unmarshal([]byte(kb), &k)
+			if hc != http.StatusOK || hc != kc || h.Metadata != k.Metadata || names(h) != names(k) {
+				t.Errorf("%s:\nHerald         %d %s\nkube-apiserver %d %s", path, hc, clip(hb), kc, clip(kb))
+			}
+		}
+		if n := metric(t, c.Proc("frontdoor-0"), "herald_frontdoor_lists_older_than_window_total") - forwarded; n != 2 {
+			t.Errorf("lists forwarded as older than the window: %v, want 2", n)
 		}
 	})
 

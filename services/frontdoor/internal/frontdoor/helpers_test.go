@@ -86,6 +86,10 @@ func (fakeCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.Ca
 	if req.Name == "missing" {
 		return nil, status.Error(codes.NotFound, "not found")
 	}
+	if req.ResourceVersion == "1" && req.ResourceVersionMatch == "Exact" {
+		// Older than the cache's window.
+		return nil, status.Error(codes.OutOfRange, "too old resource version: 1 (5)")
+	}
 	return &heraldv1.ListResponse{Revision: 7, Items: [][]byte{[]byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns1","resourceVersion":"7"}}`)}}, nil
 }
 

@@ -84,6 +84,7 @@ type metrics struct {
 	writeTimeouts   prometheus.Counter
 	fanoutRetries   *prometheus.CounterVec
 	fanoutShed      *prometheus.CounterVec
+	olderThanWindow *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -103,6 +104,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Non-watch responses cut because the client did not read them within write-timeout."}),
 		fanoutRetries: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_retries_total", Help: "Watches retried on another fanout replica, by the replica that failed."}, []string{"fanout"}),
 		fanoutShed:    f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_rebalanced_watches_total", Help: "Watches ended (the client resumes) to move them off a fanout replica holding more than its share, by that replica."}, []string{"fanout"}),
+		olderThanWindow: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_lists_older_than_window_total",
+			Help: "Lists at a revision older than the cache's window (exact, paged or continued), forwarded to kube-apiserver in cluster mode, by resource."}, []string{"resource"}),
 	}
 }
 
@@ -563,7 +566,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	ctx = identityMetadata(ctx, u)
-	s.list(ctx, rec, r, info, req, n)
+	if s.list(ctx, rec, r, info, req, n) {
+		return
+	}
+	// Older than the cache's window (an exact resourceVersion, a paged list
+	// at one, a continue token): kube-apiserver reads etcd for it, and
+	// answers as the caller is allowed. Its reply carries its own warnings.
+	rec.Header().Del("Warning")
+	ae.reason = "upstream: older than the cache's window"
+	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
+	s.cluster.up.serve(rec, r, u)
 }
 
 // nonResource returns the handler of an RBAC-guarded non-resource path.
@@ -658,11 +670,15 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	return req, nil
 }
 
-// list serves LIST and GET from the cache.
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) {
+// list serves LIST and GET from the cache. In cluster mode it leaves a list
+// older than the cache's window unanswered (false), for kube-apiserver.
+func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) bool {
 	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)
+		if s.cluster != nil && info.Name == "" && apierrors.IsResourceExpired(apiErr) {
+			return false
+		}
 		if info.Name != "" && apierrors.IsNotFound(apiErr) {
 			apiErr = apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name)
 		}
@@ -670,11 +686,11 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			s.log.Error("cache LIST failed", "resource", info.Resource.ID(), "err", err)
 		}
 		s.writeStatus(w, r, apiErr)
-		return
+		return true
 	}
 	if info.Name != "" && len(resp.Items) == 0 {
 		s.writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
-		return
+		return true
 	}
 	ct, body, err := s.body(info, resp, n, kube.IncludeObject(r.URL.Query().Get("includeObject")), time.Now())
 	if err != nil {
@@ -682,9 +698,10 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			s.log.Error("encoding a response failed", "resource", info.Resource.ID(), "err", err)
 		}
 		s.writeStatus(w, r, err)
-		return
+		return true
 	}
 	s.write(w, r, ct, body)
+	return true
 }
 
 // encodeList assembles a list from the items' bytes without re-encoding

@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -291,6 +293,55 @@ func TestUpstreamForward(t *testing.T) {
 	}
 	if k.count() != n {
 		t.Error("a cached read went upstream")
+	}
+}
+
+// TestClusterListOlderThanWindow: a list the cache cannot serve because its
+// revision is older than the window goes to kube-apiserver as the caller
+// (which reads etcd for it), without the cache's deprecation warning; a
+// standalone frontdoor answers the cache's 410.
+func TestClusterListOlderThanWindow(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	for _, tc := range []struct{ token, user, path string }{
+		{"cluster-token", "carol", "/api/v1/namespaces/ns1/pods?resourceVersion=1&resourceVersionMatch=Exact"},
+		// A deprecated version: the cache's path adds a Warning.
+		{tokAdmin, "admin", "/api/v1/namespaces/ns1/endpoints?resourceVersion=1&resourceVersionMatch=Exact&limit=2"},
+	} {
+		path := tc.path
+		n := k.count()
+		rec := send(s, http.MethodGet, path, tc.token, nil, nil)
+		if rec.Code != http.StatusCreated || !strings.Contains(rec.Body.String(), `"from":"upstream"`) {
+			t.Errorf("%s: %d %s, want the upstream's answer", path, rec.Code, rec.Body)
+			continue
+		}
+		if k.count() != n+1 {
+			t.Errorf("%s: the upstream saw %d requests, want 1", path, k.count()-n)
+		}
+		got, _ := k.last(t)
+		if want, _ := url.Parse(path); got.URL.Path != want.Path || got.URL.RawQuery != want.RawQuery {
+			t.Errorf("upstream saw %s, want %s", got.URL, path)
+		}
+		if got.Header.Get("Impersonate-User") != tc.user {
+			t.Errorf("%s: forwarded as %q, want %s", path, got.Header.Get("Impersonate-User"), tc.user)
+		}
+		if w := rec.Result().Header.Values("Warning"); len(w) != 0 {
+			t.Errorf("%s: warnings %q, want only the upstream's (none)", path, w)
+		}
+	}
+	if got := testutil.ToFloat64(s.m.olderThanWindow.WithLabelValues("endpoints")); got != 1 {
+		t.Errorf("endpoints lists forwarded: metric %v, want 1", got)
+	}
+	// Not the caller's to read: refused here, as before, and not forwarded.
+	n := k.count()
+	if rec := send(s, http.MethodGet, "/api/v1/namespaces/ns2/pods?resourceVersion=1&resourceVersionMatch=Exact", "cluster-token", nil, nil); rec.Code != http.StatusForbidden || k.count() != n {
+		t.Errorf("a forbidden list: %d %s, %d upstream requests", rec.Code, rec.Body, k.count()-n)
+	}
+
+	standalone, _ := testServer(t, "", nil)
+	code, b, _ := do(standalone, tokAdmin, "/api/v1/namespaces/ns1/pods?resourceVersion=1&resourceVersionMatch=Exact")
+	if code != http.StatusGone || !strings.Contains(string(b), `"reason":"Expired"`) {
+		t.Errorf("standalone: %d %s, want the cache's 410 Expired", code, b)
 	}
 }
 
