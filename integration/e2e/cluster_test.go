@@ -447,6 +447,35 @@ func TestClusterMode(t *testing.T) {
 		}
 	})
 
+	// Every answer carries the request's audit ID once, as kube-apiserver's
+	// do: one served from the cache, and one kube-apiserver gave (which
+	// echoes the ID frontdoor forwarded).
+	t.Run("audit-id", func(t *testing.T) {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(c.PKI.CAPEM)
+		cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 30 * time.Second}
+		for _, tc := range []struct {
+			method, body string
+			code         int
+		}{
+			{http.MethodGet, "", http.StatusOK},
+			{http.MethodPost, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"audit-id"}}`, http.StatusCreated},
+		} {
+			req, _ := http.NewRequestWithContext(ctx, tc.method, c.FrontdoorURL+"/api/v1/namespaces/demo/configmaps", strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+c.Token)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Audit-ID", "e2e-"+tc.method)
+			resp, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Values("Audit-Id"); resp.StatusCode != tc.code || len(got) != 1 || got[0] != "e2e-"+tc.method {
+				t.Errorf("%s: %d, Audit-Id %q; want %d and the client's ID once", tc.method, resp.StatusCode, got, tc.code)
+			}
+		}
+	})
+
 	// kubectl's discovery, can-i and explain answer as kube-apiserver's.
 	t.Run("discovery-can-i-explain", func(t *testing.T) {
 		for _, args := range [][]string{

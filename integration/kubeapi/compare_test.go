@@ -62,6 +62,9 @@ var (
 type view struct {
 	status int
 	ctype  string
+	// auditIDs is the number of Audit-Id headers: kube-apiserver's
+	// answers carry one.
+	auditIDs int
 	// norm is compared: the body with the list-level resourceVersion and
 	// continue token masked (JSON), or the decoded objects (protobuf, in
 	// objs, then norm is their JSON form for messages).
@@ -73,8 +76,13 @@ type view struct {
 	note  string   // what went wrong reading the answer (part of the comparison)
 }
 
+// respView is the view of an HTTP answer with body (read, or nil).
+func respView(resp *http.Response, body []byte) view {
+	return view{status: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), auditIDs: len(resp.Header.Values("Audit-Id")), norm: body}
+}
+
 func (v view) equal(o view) bool {
-	if v.status != o.status || v.ctype != o.ctype || v.note != o.note || !bytes.Equal(v.norm, o.norm) || len(v.objs) != len(o.objs) {
+	if v.status != o.status || v.ctype != o.ctype || v.auditIDs != o.auditIDs || v.note != o.note || !bytes.Equal(v.norm, o.norm) || len(v.objs) != len(o.objs) {
 		return false
 	}
 	for i := range v.objs {
@@ -92,6 +100,8 @@ func diff(k, h view) string {
 		return fmt.Sprintf("status: kube-apiserver %d, Herald %d\nkube-apiserver: %s\nHerald:         %s", k.status, h.status, clip(k.norm, 300), clip(h.norm, 300))
 	case k.ctype != h.ctype:
 		return fmt.Sprintf("Content-Type: kube-apiserver %q, Herald %q", k.ctype, h.ctype)
+	case k.auditIDs != h.auditIDs:
+		return fmt.Sprintf("Audit-Id headers: kube-apiserver %d, Herald %d", k.auditIDs, h.auditIDs)
 	case k.note != h.note:
 		return fmt.Sprintf("kube-apiserver: %s\nHerald: %s", orOK(k.note), orOK(h.note))
 	case len(k.items) != len(h.items):
@@ -289,7 +299,7 @@ var (
 // jsonView masks a list's resourceVersion and continue token (in its
 // top-level metadata only) and splits out its items or rows.
 func jsonView(resp *http.Response, body []byte) view {
-	v := view{status: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), norm: body}
+	v := respView(resp, body)
 	var top map[string]json.RawMessage
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &top) != nil {
 		return v
@@ -384,7 +394,7 @@ func (f *fixture) fetchProtobuf(path string, q url.Values, accept string) fetche
 		if err != nil {
 			return view{}, err
 		}
-		v := view{status: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), norm: body}
+		v := respView(resp, body)
 		if resp.StatusCode != http.StatusOK {
 			return v, nil
 		}
@@ -436,7 +446,7 @@ func (f *fixture) fetchWatchJSON(path string, q url.Values, accept, marker strin
 			return view{}, err
 		}
 		defer resp.Body.Close()
-		v := view{status: resp.StatusCode, ctype: resp.Header.Get("Content-Type")}
+		v := respView(resp, nil)
 		if resp.StatusCode != http.StatusOK {
 			v.norm, _ = io.ReadAll(resp.Body)
 			return v, nil

@@ -31,8 +31,10 @@ func TestWatchThroughTLSServer(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			next := make(chan string)
 			ended := make(chan struct{}, 1)
+			var replicaAuditID atomic.Value
 			fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				defer func() { ended <- struct{}{} }()
+				replicaAuditID.Store(r.Header.Get("Audit-ID"))
 				w.Header().Set("Content-Type", "application/json")
 				w.Header().Set("X-Replica", "fanout-0")
 				w.WriteHeader(http.StatusOK)
@@ -70,6 +72,7 @@ func TestWatchThroughTLSServer(t *testing.T) {
 			defer tr.CloseIdleConnections()
 			req, _ := http.NewRequest(http.MethodGet, "https://"+srv.ListenAddr()+"/api/v1/namespaces/ns1/pods?watch=true", nil)
 			req.Header.Set("Authorization", "Bearer "+tokAlice)
+			req.Header.Set("Audit-ID", "watch-audit-id")
 			resp, err := (&http.Client{Transport: tr}).Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -78,6 +81,10 @@ func TestWatchThroughTLSServer(t *testing.T) {
 			if resp.StatusCode != 200 || resp.Proto != proto || resp.Header.Get("Content-Type") != "application/json" ||
 				resp.Header.Get("X-Replica") != "fanout-0" || resp.Header.Get("Date") == "" {
 				t.Fatalf("response: %d %s %v", resp.StatusCode, resp.Proto, resp.Header)
+			}
+			// The client's audit ID is echoed, and stays with frontdoor.
+			if got := resp.Header.Values("Audit-Id"); len(got) != 1 || got[0] != "watch-audit-id" || replicaAuditID.Load() != "" {
+				t.Errorf("Audit-Id %q, the replica saw %q; want the client's, and none", got, replicaAuditID.Load())
 			}
 			if proto == "HTTP/1.1" && (!resp.Close || len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked") {
 				t.Fatalf("HTTP/1.1 response: close %v, transfer encoding %v; want a chunked stream on a closing connection", resp.Close, resp.TransferEncoding)

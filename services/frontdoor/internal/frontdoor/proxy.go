@@ -24,6 +24,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
@@ -588,7 +589,9 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	// read anything else into it.
 	out.URL.RawQuery = at.query
 	dropHopHeaders(out.Header)
-	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+	// The audit ID is frontdoor's to log: the watch's stream keeps its
+	// request's headers for the watch's life.
+	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", auditinternal.HeaderAuditID} {
 		out.Header.Del(h)
 	}
 	setIdentity(out.Header, at.user)

@@ -56,6 +56,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -63,6 +64,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
@@ -397,6 +399,7 @@ type auditEntry struct {
 // ServeHTTP serves one request; the package comment lists the steps.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	auditID := withAuditID(w, r)
 	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
 	end := &requestEnd{}
@@ -414,7 +417,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", ae.resource, "namespace", ae.ns,
-			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond)}
+			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond), "auditID", auditID}
 		if ae.authn != "" {
 			attrs = append(attrs, "authn", ae.authn)
 		}
@@ -576,6 +579,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ae.reason = "upstream: older than the cache's window"
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
 	s.cluster.up.serve(rec, r, u)
+}
+
+// withAuditID returns r's audit ID, as kube-apiserver chooses it: the
+// client's Audit-ID header, or a new UUID. It is set in the response's
+// headers, where kube-apiserver echoes it too, and where a request
+// forwarded to kube-apiserver takes it from (upstream.serve), so that
+// kube-apiserver audits it under the same ID.
+func withAuditID(w http.ResponseWriter, r *http.Request) string {
+	id := r.Header.Get(auditinternal.HeaderAuditID)
+	if id == "" {
+		id = uuid.NewString()
+	}
+	w.Header().Set(auditinternal.HeaderAuditID, id)
+	return id
 }
 
 // nonResource returns the handler of an RBAC-guarded non-resource path.

@@ -18,6 +18,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -155,8 +156,9 @@ type forwardKey struct{}
 
 // forward is one request on its way upstream.
 type forward struct {
-	user   *User
-	server *upstreamServer
+	user    *User
+	server  *upstreamServer
+	auditID string // frontdoor's answer carries it (withAuditID)
 }
 
 func newUpstream(c UpstreamConfig, cfg *rest.Config, log *slog.Logger) (*upstream, error) {
@@ -192,7 +194,13 @@ func newUpstream(c UpstreamConfig, cfg *rest.Config, log *slog.Logger) (*upstrea
 		Transport:     roundTripperFunc(u.roundTrip),
 		FlushInterval: -1, // watches, logs, exec: every write goes out at once
 		Rewrite:       u.rewrite,
-		ErrorHandler:  u.fail,
+		// kube-apiserver echoes the audit ID frontdoor sent it, which
+		// the response already carries.
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(auditinternal.HeaderAuditID)
+			return nil
+		},
+		ErrorHandler: u.fail,
 	}
 	return u, nil
 }
@@ -233,6 +241,9 @@ func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(fw.server.url)
 	pr.SetXForwarded()
 	setImpersonation(pr.Out.Header, fw.user)
+	if fw.auditID != "" {
+		pr.Out.Header.Set(auditinternal.HeaderAuditID, fw.auditID)
+	}
 }
 
 // setImpersonation removes every credential and identity header a client
@@ -340,7 +351,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
 	s := u.pick()
 	s.open.Add(1)
 	defer s.open.Add(-1)
-	fw := &forward{user: user, server: s}
+	fw := &forward{user: user, server: s, auditID: w.Header().Get(auditinternal.HeaderAuditID)}
 	u.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardKey{}, fw)))
 }
 

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 )
@@ -82,6 +83,10 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 		sar.Status.Allowed = fakePolicy(&sar.Spec)
 		json.NewEncoder(w).Encode(sar)
 		return
+	}
+	// kube-apiserver echoes the audit ID it was given.
+	if id := r.Header.Get("Audit-ID"); id != "" {
+		w.Header().Set("Audit-Id", id)
 	}
 	b, _ := io.ReadAll(r.Body)
 	k.mu.Lock()
@@ -293,6 +298,52 @@ func TestUpstreamForward(t *testing.T) {
 	}
 	if k.count() != n {
 		t.Error("a cached read went upstream")
+	}
+}
+
+// TestAuditID: every answer carries kube-apiserver's Audit-Id, the
+// client's Audit-ID or a new UUID; a forwarded request carries it to
+// kube-apiserver (audited there under the same ID) and its answer has it
+// once.
+func TestAuditID(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	seen := map[string]bool{}
+	for _, tc := range []struct {
+		name, method, path, token string
+		code                      int
+	}{
+		{"cached list", http.MethodGet, "/api/v1/namespaces/ns1/pods", tokAdmin, http.StatusOK},
+		{"forwarded", http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, http.StatusCreated},
+		{"unauthenticated", http.MethodGet, "/api/v1/namespaces/ns1/pods", "wrong", http.StatusUnauthorized},
+		{"forbidden", http.MethodGet, "/api/v1/namespaces/ns2/pods", "cluster-token", http.StatusForbidden},
+	} {
+		for _, given := range []string{"", "client-chosen-" + tc.name} {
+			n := k.count()
+			hdr := map[string]string{}
+			if given != "" {
+				hdr["Audit-ID"] = given
+			}
+			rec := send(s, tc.method, tc.path, tc.token, strings.NewReader(`{}`), hdr)
+			ids := rec.Result().Header.Values("Audit-Id")
+			if rec.Code != tc.code || len(ids) != 1 {
+				t.Errorf("%s (given %q): %d, Audit-Id %q; want %d and one ID", tc.name, given, rec.Code, ids, tc.code)
+				continue
+			}
+			id := ids[0]
+			switch {
+			case given != "" && id != given:
+				t.Errorf("%s: Audit-Id %q, want the client's %q", tc.name, id, given)
+			case given == "" && (uuid.Validate(id) != nil || seen[id]):
+				t.Errorf("%s: Audit-Id %q, want a new UUID", tc.name, id)
+			}
+			seen[id] = true
+			if k.count() > n {
+				if got, _ := k.last(t); got.Header.Get("Audit-ID") != id {
+					t.Errorf("%s: kube-apiserver got Audit-ID %q, want %q", tc.name, got.Header.Get("Audit-ID"), id)
+				}
+			}
+		}
 	}
 }
 
