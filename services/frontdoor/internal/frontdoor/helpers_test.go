@@ -86,6 +86,12 @@ func (fakeCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.Ca
 	if req.Name == "missing" {
 		return nil, status.Error(codes.NotFound, "not found")
 	}
+	if req.Name == "expired" {
+		return nil, status.Error(codes.OutOfRange, "too old resource version: 1 (5)")
+	}
+	if req.LabelSelector == "cache=unavailable" {
+		return nil, status.Error(codes.Unavailable, "no cache replica")
+	}
 	if req.ResourceVersion == "1" && req.ResourceVersionMatch == "Exact" {
 		// Older than the cache's window.
 		return nil, status.Error(codes.OutOfRange, "too old resource version: 1 (5)")

@@ -107,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fanoutRetries: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_retries_total", Help: "Watches retried on another fanout replica, by the replica that failed."}, []string{"fanout"}),
 		fanoutShed:    f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_rebalanced_watches_total", Help: "Watches ended (the client resumes) to move them off a fanout replica holding more than its share, by that replica."}, []string{"fanout"}),
 		olderThanWindow: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_lists_older_than_window_total",
-			Help: "Lists at a revision older than the cache's window (exact, paged or continued), forwarded to kube-apiserver in cluster mode, by resource."}, []string{"resource"}),
+			Help: "Lists at a revision older than the cache's window (or, split over shards, a shard's window; exact, paged or continued), forwarded to kube-apiserver in cluster mode, by resource."}, []string{"resource"}),
 	}
 }
 
@@ -325,6 +325,13 @@ type statusRecorder struct {
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// An informational answer (kube-apiserver's 100 Continue to a
+		// forwarded request) is neither the request's status nor its
+		// response: the final one follows.
+		r.ResponseWriter.WriteHeader(code)
+		return
+	}
 	if r.code == 0 {
 		r.code = code
 	}

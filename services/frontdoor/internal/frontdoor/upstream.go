@@ -191,18 +191,21 @@ func newUpstream(c UpstreamConfig, cfg *rest.Config, log *slog.Logger) (*upstrea
 		return nil, fmt.Errorf("upstream transport: %w", err)
 	}
 	u.proxy = &httputil.ReverseProxy{
-		Transport:     roundTripperFunc(u.roundTrip),
-		FlushInterval: -1, // watches, logs, exec: every write goes out at once
-		Rewrite:       u.rewrite,
-		// kube-apiserver echoes the audit ID frontdoor sent it, which
-		// the response already carries.
-		ModifyResponse: func(resp *http.Response) error {
-			resp.Header.Del(auditinternal.HeaderAuditID)
-			return nil
-		},
-		ErrorHandler: u.fail,
+		Transport:      roundTripperFunc(u.roundTrip),
+		FlushInterval:  -1, // watches, logs, exec: every write goes out at once
+		Rewrite:        u.rewrite,
+		ModifyResponse: setAuditID,
+		ErrorHandler:   u.fail,
 	}
 	return u, nil
+}
+
+// setAuditID gives kube-apiserver's answer the request's audit ID, once:
+// kube-apiserver echoes the one it was sent.
+func setAuditID(resp *http.Response) error {
+	fw := resp.Request.Context().Value(forwardKey{}).(*forward)
+	resp.Header.Set(auditinternal.HeaderAuditID, fw.auditID)
+	return nil
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -289,6 +292,7 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return // the client left
 	}
 	fw := r.Context().Value(forwardKey{}).(*forward)
+	w.Header().Set(auditinternal.HeaderAuditID, fw.auditID)
 	var tooLarge *http.MaxBytesError
 	var nerr net.Error
 	switch {
@@ -351,7 +355,11 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
 	s := u.pick()
 	s.open.Add(1)
 	defer s.open.Add(-1)
+	// The audit ID goes upstream with the request and comes back on the
+	// final answer (ModifyResponse, fail); until then it stays off w,
+	// whose headers the proxy writes, and then clears, with a 1xx.
 	fw := &forward{user: user, server: s, auditID: w.Header().Get(auditinternal.HeaderAuditID)}
+	w.Header().Del(auditinternal.HeaderAuditID)
 	u.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardKey{}, fw)))
 }
 

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -347,6 +349,49 @@ func TestAuditID(t *testing.T) {
 	}
 }
 
+// TestAuditIDAfterContinue: a forwarded request whose client expects 100
+// Continue gets the request's audit ID on kube-apiserver's final answer,
+// and is counted with that answer's code, not the 100's.
+func TestAuditIDAfterContinue(t *testing.T) {
+	k := newFakeKube(t)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
+	srv := httptest.NewTLSServer(s)
+	defer srv.Close()
+	tr := srv.Client().Transport.(*http.Transport)
+	tr.ExpectContinueTimeout = 10 * time.Second
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/v1/namespaces/ns1/configmaps", strings.NewReader(`{"x":1}`))
+	req.Header.Set("Authorization", "Bearer "+tokAdmin)
+	req.Header.Set("Expect", "100-continue")
+	req.Header.Set("Audit-ID", "with-continue")
+	var informational []int
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { informational = append(informational, code); return nil },
+	}))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Values("Audit-Id"); resp.StatusCode != http.StatusCreated || len(got) != 1 || got[0] != "with-continue" {
+		t.Errorf("%d, Audit-Id %q; want 201 and the client's ID once", resp.StatusCode, got)
+	}
+	if len(informational) == 0 {
+		t.Error("no 100 Continue reached the client: the test tests nothing")
+	}
+	if got, _ := k.last(t); got.Header.Get("Audit-ID") != "with-continue" {
+		t.Errorf("kube-apiserver got Audit-ID %q", got.Header.Get("Audit-ID"))
+	}
+	// The request is counted as its handler returns, after the answer:
+	// Close waits for it.
+	srv.Close()
+	if n := testutil.ToFloat64(s.m.requests.WithLabelValues("create", "", "201")); n != 1 {
+		t.Errorf("requests counted with code 201: %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(s.m.requests.WithLabelValues("create", "", "100")); n != 0 {
+		t.Errorf("requests counted with code 100: %v, want 0", n)
+	}
+}
+
 // TestClusterListOlderThanWindow: a list the cache cannot serve because its
 // revision is older than the window goes to kube-apiserver as the caller
 // (which reads etcd for it), without the cache's deprecation warning; a
@@ -383,10 +428,20 @@ func TestClusterListOlderThanWindow(t *testing.T) {
 	if got := testutil.ToFloat64(s.m.olderThanWindow.WithLabelValues("endpoints")); got != 1 {
 		t.Errorf("endpoints lists forwarded: metric %v, want 1", got)
 	}
-	// Not the caller's to read: refused here, as before, and not forwarded.
-	n := k.count()
-	if rec := send(s, http.MethodGet, "/api/v1/namespaces/ns2/pods?resourceVersion=1&resourceVersionMatch=Exact", "cluster-token", nil, nil); rec.Code != http.StatusForbidden || k.count() != n {
-		t.Errorf("a forbidden list: %d %s, %d upstream requests", rec.Code, rec.Body, k.count()-n)
+	// Herald's own answers, not forwarded: a list the caller may not
+	// read, a GET's 410, a list's other errors.
+	for _, tc := range []struct {
+		path string
+		code int
+	}{
+		{"/api/v1/namespaces/ns2/pods?resourceVersion=1&resourceVersionMatch=Exact", http.StatusForbidden},
+		{"/api/v1/namespaces/ns1/pods/expired", http.StatusGone},
+		{"/api/v1/namespaces/ns1/pods?labelSelector=cache%3Dunavailable", http.StatusServiceUnavailable},
+	} {
+		n := k.count()
+		if rec := send(s, http.MethodGet, tc.path, "cluster-token", nil, nil); rec.Code != tc.code || k.count() != n {
+			t.Errorf("%s: %d %s, %d upstream requests; want %d and none", tc.path, rec.Code, rec.Body, k.count()-n, tc.code)
+		}
 	}
 
 	standalone, _ := testServer(t, "", nil)
