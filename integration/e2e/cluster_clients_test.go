@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -64,6 +65,75 @@ spec: {size: large}
 // once discovery has it (discovery is the cluster's), then applies, gets,
 // lists, watches, patches and deletes a custom resource, all through Herald
 // (custom resources are not in Herald's registry: they pass through).
+// gadgetCRD's storage version is deprecated: requests for it carry
+// apiextensions-apiserver's Warning, naming the version to use instead.
+const gadgetCRD = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    deprecated: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+  - name: v1
+    served: true
+    storage: false
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+`
+
+// testDeprecatedCustomResource: Herald's reads of a custom resource whose
+// version its CRD deprecates carry kube-apiserver's Warning.
+func testDeprecatedCustomResource(t *testing.T, ctx context.Context, c *clusterEnv) {
+	admin := c.heraldCfg["admin"]
+	crd := filepath.Join(c.dir, "gadget-crd.yaml")
+	os.WriteFile(crd, []byte(gadgetCRD), 0o600)
+	c.kubectlAs(t, ctx, admin, "apply", "-f", crd)
+	c.kubectlAs(t, ctx, admin, "wait", "--for=condition=Established", "--timeout=60s", "crd/gadgets.example.com")
+	const list = "/apis/example.com/v1alpha1/namespaces/demo/gadgets"
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// The CRD is Established a moment before kube-apiserver serves it.
+	eventually(t, wctx, "create a gadget", func() string {
+		if code, body := c.call(ctx, c.FrontdoorURL, c.Token, http.MethodPost, list, `{"apiVersion":"example.com/v1alpha1","kind":"Gadget","metadata":{"name":"g1"}}`); code != http.StatusCreated {
+			return fmt.Sprintf("%d %s", code, clip(body))
+		}
+		return ""
+	})
+	served := func() float64 {
+		return metricLabeled(t, c.Proc("frontdoor-0"), "apiserver_request_total", `resource="gadgets.example.com"`)
+	}
+	for _, path := range []string{list, list + "/g1"} {
+		// Herald serves the resource once it has learned the CRD; until
+		// then, kube-apiserver answers.
+		var (
+			code int
+			body string
+			h    http.Header
+		)
+		eventually(t, wctx, "GET "+path+" served by Herald", func() string {
+			before := served()
+			code, body, h = c.callHeader(ctx, c.FrontdoorURL, c.Token, http.MethodGet, path, "", nil)
+			if served() == before {
+				return "answered by kube-apiserver"
+			}
+			return ""
+		})
+		kcode, kbody, k := c.callHeader(ctx, c.kubeURL, c.Token, http.MethodGet, path, "", nil)
+		if code != http.StatusOK || kcode != http.StatusOK || len(k.Values("Warning")) == 0 ||
+			!slices.Equal(h.Values("Warning"), k.Values("Warning")) {
+			t.Errorf("GET %s: Herald %d Warning %q, kube-apiserver %d Warning %q\n%s\n%s", path, code, h.Values("Warning"),
+				kcode, k.Values("Warning"), clip(body), clip(kbody))
+		}
+	}
+	c.kubectlAs(t, ctx, admin, "delete", "-f", crd)
+}
+
 func testCustomResources(t *testing.T, ctx context.Context, c *clusterEnv) {
 	admin := c.heraldCfg["admin"]
 	crd, cr := filepath.Join(c.dir, "crd.yaml"), filepath.Join(c.dir, "widget.yaml")

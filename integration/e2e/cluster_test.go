@@ -211,6 +211,13 @@ func (c *clusterEnv) kubectlTry(ctx context.Context, kubeconfig string, args ...
 
 // call sends one request with a bearer token and returns the code and body.
 func (c *clusterEnv) call(ctx context.Context, base, token, method, path, body string) (int, string) {
+	code, b, _ := c.callHeader(ctx, base, token, method, path, body, nil)
+	return code, b
+}
+
+// callHeader is call with the request's extra headers hdr, returning the
+// answer's headers too.
+func (c *clusterEnv) callHeader(ctx context.Context, base, token, method, path, body string, hdr map[string]string) (int, string, http.Header) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.PKI.CAPEM)
 	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 30 * time.Second}
@@ -225,13 +232,16 @@ func (c *clusterEnv) call(ctx context.Context, base, token, method, path, body s
 	} else if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	resp, err := cl.Do(req)
 	if err != nil {
-		return 0, err.Error()
+		return 0, err.Error(), nil
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 // status is a Status body's code, reason and message.
@@ -452,9 +462,6 @@ func TestClusterMode(t *testing.T) {
 	// echoes the ID frontdoor forwarded; that it was forwarded is
 	// TestAuditID's, in frontdoor's unit tests).
 	t.Run("audit-id", func(t *testing.T) {
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(c.PKI.CAPEM)
-		cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 30 * time.Second}
 		for _, tc := range []struct {
 			method, body string
 			code         int
@@ -462,17 +469,10 @@ func TestClusterMode(t *testing.T) {
 			{http.MethodGet, "", http.StatusOK},
 			{http.MethodPost, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"audit-id"}}`, http.StatusCreated},
 		} {
-			req, _ := http.NewRequestWithContext(ctx, tc.method, c.FrontdoorURL+"/api/v1/namespaces/demo/configmaps", strings.NewReader(tc.body))
-			req.Header.Set("Authorization", "Bearer "+c.Token)
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Audit-ID", "e2e-"+tc.method)
-			resp, err := cl.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if got := resp.Header.Values("Audit-Id"); resp.StatusCode != tc.code || len(got) != 1 || got[0] != "e2e-"+tc.method {
-				t.Errorf("%s: %d, Audit-Id %q; want %d and the client's ID once", tc.method, resp.StatusCode, got, tc.code)
+			code, body, h := c.callHeader(ctx, c.FrontdoorURL, c.Token, tc.method, "/api/v1/namespaces/demo/configmaps", tc.body,
+				map[string]string{"Audit-ID": "e2e-" + tc.method})
+			if got := h.Values("Audit-Id"); code != tc.code || len(got) != 1 || got[0] != "e2e-"+tc.method {
+				t.Errorf("%s: %d, Audit-Id %q; want %d and the client's ID once: %s", tc.method, code, got, tc.code, clip(body))
 			}
 		}
 	})
@@ -716,6 +716,7 @@ func TestClusterMode(t *testing.T) {
 	})
 
 	t.Run("crd-custom-resource", func(t *testing.T) { testCustomResources(t, ctx, c) })
+	t.Run("crd-deprecated-version", func(t *testing.T) { testDeprecatedCustomResource(t, ctx, c) })
 	t.Run("controller", func(t *testing.T) { testController(t, ctx, c) })
 	t.Run("streaming", func(t *testing.T) { testStreaming(t, ctx, c) })
 	t.Run("bound-token", func(t *testing.T) { testBoundToken(t, ctx, c) })

@@ -11,7 +11,9 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apiextensions-apiserver/pkg/registry/customresource/tableconvertor"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/apiserver/pkg/endpoints/discovery"
 	"k8s.io/apiserver/pkg/registry/rest"
 	"k8s.io/client-go/util/jsonpath"
@@ -60,6 +62,9 @@ type customInfo struct {
 	// rewriteVersion: objects stored in another version of the kind are
 	// served with their apiVersion rewritten (conversion strategy None).
 	rewriteVersion bool
+	// warning is the Warning header of every request for the version, if
+	// the CRD deprecates it.
+	warning string
 }
 
 // SameObjects reports whether objects of custom resource a read and serve
@@ -191,9 +196,55 @@ func CustomResources(crdJSON []byte) (string, []Resource, error) {
 			crd: crd.Name, established: condition(&crd, apiextensionsv1.Established),
 			storageVersionHash: discovery.StorageVersionHash(spec.Group, storage.Name, names.Kind),
 			columns:            columns, table: table, rewriteVersion: !webhook,
+			warning: deprecationWarning(storage, spec),
 		},
 	}
 	return crd.Name, []Resource{r}, nil
+}
+
+// Warning is the Warning header kube-apiserver adds to every request for a
+// custom resource whose version its CRD deprecates (the CRD's
+// deprecationWarning, or kube-apiserver's default text); "" for the others.
+func (r *Resource) Warning() string {
+	if r.custom == nil {
+		return ""
+	}
+	return r.custom.warning
+}
+
+// deprecationWarning is the Warning header of requests for version v of
+// spec's kind, as apiextensions-apiserver words it: the CRD's
+// deprecationWarning, or "<group>/<version> <Kind> is deprecated" and the
+// newest served version that is not, if one is newer; "" if v is not
+// deprecated (or its warning is empty).
+func deprecationWarning(v *apiextensionsv1.CustomResourceDefinitionVersion, spec *apiextensionsv1.CustomResourceDefinitionSpec) string {
+	if !v.Deprecated {
+		return ""
+	}
+	var msg string
+	if v.DeprecationWarning != nil {
+		msg = *v.DeprecationWarning
+	} else {
+		msg = fmt.Sprintf("%s/%s %s is deprecated", spec.Group, v.Name, spec.Names.Kind)
+		var newest string
+		for _, o := range spec.Versions {
+			if o.Served && !o.Deprecated && version.CompareKubeAwareVersionStrings(v.Name, o.Name) < 0 &&
+				(newest == "" || version.CompareKubeAwareVersionStrings(o.Name, newest) > 0) {
+				newest = o.Name
+			}
+		}
+		if newest != "" {
+			msg += fmt.Sprintf("; use %s/%s %s", spec.Group, newest, spec.Names.Kind)
+		}
+	}
+	if msg == "" {
+		return ""
+	}
+	h, err := utilnet.NewWarningHeader(299, "-", msg)
+	if err != nil {
+		return ""
+	}
+	return h
 }
 
 func condition(crd *apiextensionsv1.CustomResourceDefinition, t apiextensionsv1.CustomResourceDefinitionConditionType) bool {

@@ -139,6 +139,44 @@ func TestCustomResources(t *testing.T) {
 	}
 }
 
+// TestCustomResourceWarning: a deprecated storage version's requests carry
+// apiextensions-apiserver's Warning: the CRD's deprecationWarning, or its
+// default naming the newest served version that is not deprecated.
+func TestCustomResourceWarning(t *testing.T) {
+	text := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name string
+		edit func(*apiextensionsv1.CustomResourceDefinition)
+		want string
+	}{
+		{"not deprecated", nil, ""},
+		{"deprecated, no newer version", func(c *apiextensionsv1.CustomResourceDefinition) { c.Spec.Versions[1].Deprecated = true },
+			`299 - "example.com/v1 Widget is deprecated"`},
+		{"deprecated, newer ones served", func(c *apiextensionsv1.CustomResourceDefinition) {
+			c.Spec.Versions[0].Storage, c.Spec.Versions[1].Storage = true, false
+			c.Spec.Versions[0].Deprecated = true
+			c.Spec.Versions = append(c.Spec.Versions,
+				apiextensionsv1.CustomResourceDefinitionVersion{Name: "v2alpha1", Served: true, Schema: objectSchema()},
+				apiextensionsv1.CustomResourceDefinitionVersion{Name: "v3", Served: false, Schema: objectSchema()},
+				apiextensionsv1.CustomResourceDefinitionVersion{Name: "v4", Served: true, Deprecated: true, Schema: objectSchema()})
+		}, `299 - "example.com/v1beta1 Widget is deprecated; use example.com/v1 Widget"`},
+		{"the CRD's own warning", func(c *apiextensionsv1.CustomResourceDefinition) {
+			c.Spec.Versions[1].Deprecated, c.Spec.Versions[1].DeprecationWarning = true, text(`widgets are "going away"`)
+		}, `299 - "widgets are \"going away\""`},
+		{"an empty warning", func(c *apiextensionsv1.CustomResourceDefinition) {
+			c.Spec.Versions[1].Deprecated, c.Spec.Versions[1].DeprecationWarning = true, text("")
+		}, ""},
+	} {
+		_, rs, err := CustomResources(testCRD(tc.edit))
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("%s: %d resources, %v", tc.name, len(rs), err)
+		}
+		if got := rs[0].Warning(); got != tc.want {
+			t.Errorf("%s: Warning() = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestRegistryCustomResources(t *testing.T) {
 	g := defaultRegistry(t)
 	_, widgets, err := CustomResources(testCRD(nil))

@@ -17,8 +17,8 @@ import (
 // deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"), judged,
 // as there, by k8s.io/apiserver's deprecation package at the server's
 // version: the cluster's kube-apiserver's in cluster mode, the one
-// frontdoor's /version reports standalone. Custom resources' versions are
-// not judged (their CRD's deprecationWarning is not followed).
+// frontdoor's /version reports standalone. A custom resource's comes from
+// its CRD (kube.Resource.Warning), as apiextensions-apiserver's does.
 type deprecations struct {
 	major, minor int // 0, 0: a version that does not parse (every deprecation applies, as in kube-apiserver)
 	headers      sync.Map
@@ -31,6 +31,9 @@ func newDeprecations(v version.Info) *deprecations {
 
 // header returns the Warning header value for requests of r, "" if none.
 func (d *deprecations) header(r *kube.Resource) string {
+	if r.Custom() {
+		return r.Warning()
+	}
 	gvk := r.GroupVersionKind()
 	if h, ok := d.headers.Load(gvk); ok {
 		return h.(string)
