@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -114,8 +115,27 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 	return d
 }
 
-// standaloneVersion is the version frontdoor reports without an upstream.
-var standaloneVersion = version.Info{Major: "1", Minor: "32", GitVersion: "v1.32.0-herald"}
+// standaloneVersion is the version frontdoor reports without an upstream:
+// that of the Kubernetes API it serves, the k8s.io/api module it is built
+// with (v0.X.Y for Kubernetes v1.X.Y), marked as Herald's.
+var standaloneVersion = servedAPIVersion()
+
+func servedAPIVersion() version.Info {
+	v := "v0.37.2" // go.mod's, for a binary built without module information
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "k8s.io/api" {
+				v = d.Version
+			}
+		}
+	}
+	parts := strings.SplitN(strings.TrimPrefix(v, "v0."), ".", 2)
+	if len(parts) != 2 {
+		return version.Info{Major: "1", Minor: "37", GitVersion: "v1.37.0-herald"}
+	}
+	patch, _, _ := strings.Cut(parts[1], "-")
+	return version.Info{Major: "1", Minor: parts[0], GitVersion: "v1." + parts[0] + "." + patch + "-herald"}
+}
 
 // serve answers a discovery path; false when path is not one.
 func (d *discovery) serve(w http.ResponseWriter, path string) bool {

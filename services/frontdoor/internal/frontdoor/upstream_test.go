@@ -14,7 +14,9 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"net/url"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/version"
 )
 
 // fakeKube is a stand-in kube-apiserver: TokenReview, SubjectAccessReview
@@ -696,14 +699,43 @@ func TestUpstreamResponseTimeout(t *testing.T) {
 	}
 }
 
+// TestStandaloneVersion: standalone, /version is that of the Kubernetes API
+// frontdoor serves, the k8s.io/api module it is built with (go.mod's: a
+// test binary carries no module versions, and reports the fallback, which
+// must follow go.mod).
+func TestStandaloneVersion(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*k8s\.io/api (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("go.mod requires no k8s.io/api")
+	}
+	api := string(m[1])
+	s, _ := testServer(t, "", nil)
+	code, b, _ := do(s, tokAdmin, "/version")
+	var v version.Info
+	if err := json.Unmarshal(b, &v); code != http.StatusOK || err != nil {
+		t.Fatalf("/version: %d %s", code, b)
+	}
+	want := "v1." + strings.TrimPrefix(api, "v0.") + "-herald"
+	if v.GitVersion != want || v.Major != "1" || !strings.HasPrefix(want, "v1."+v.Minor+".") {
+		t.Errorf("/version %+v, want %s (k8s.io/api %s)", v, want, api)
+	}
+}
+
 // TestDeprecationWarning: a deprecated API version's reads carry
 // kube-apiserver's Warning, judged at the cluster's version (v1.37 here:
 // v1 Endpoints is deprecated since v1.33) or, standalone, at the version
-// frontdoor reports (v1.32: not yet).
+// frontdoor reports (that of the API it serves, v1.37); not at a version
+// before the deprecation.
 func TestDeprecationWarning(t *testing.T) {
 	k := newFakeKube(t)
 	cluster := clusterServer(t, k.srv.URL, k.caPEM(), nil)
 	standalone, _ := testServer(t, "http://127.0.0.1:1", nil)
+	older, _ := testServer(t, "http://127.0.0.1:1", nil)
+	older.deprecations = newDeprecations(version.Info{Major: "1", Minor: "32"})
 	const want = `299 - "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"`
 	for _, tc := range []struct {
 		name string
@@ -714,7 +746,8 @@ func TestDeprecationWarning(t *testing.T) {
 		{"cluster endpoints", cluster, "/api/v1/namespaces/ns1/endpoints", []string{want}},
 		{"cluster endpoint", cluster, "/api/v1/namespaces/ns1/endpoints/e", []string{want}},
 		{"cluster pods", cluster, "/api/v1/namespaces/ns1/pods", nil},
-		{"standalone endpoints", standalone, "/api/v1/namespaces/ns1/endpoints", nil},
+		{"standalone endpoints", standalone, "/api/v1/namespaces/ns1/endpoints", []string{want}},
+		{"v1.32 endpoints", older, "/api/v1/namespaces/ns1/endpoints", nil},
 	} {
 		_, _, h := do(tc.s, tokAdmin, tc.path)
 		if got := h.Values("Warning"); !slices.Equal(got, tc.want) {
