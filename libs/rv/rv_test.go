@@ -142,10 +142,17 @@ func TestTokenRoundTrip(t *testing.T) {
 	const prefix = "/registry/pods/"
 	in := After("/registry/pods/ns-1/web-0", 99)
 	enc := in.Encode(prefix)
-	// What k8s.io/apiserver's storage.EncodeContinue writes for the key
-	// after ns-1/web-0 under the prefix, at revision 99.
-	if want := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":99,"start":"ns-1/web-0\u0000"}`)); enc != want {
+	// What kube-apiserver's watch cache writes (k8s.io/apiserver's
+	// storage.EncodeContinue, relative to the list's key "/pods") for the
+	// key after ns-1/web-0, at revision 99.
+	if want := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":99,"start":"/ns-1/web-0\u0000"}`)); enc != want {
 		t.Errorf("Encode = %s, want %s", enc, want)
+	}
+	// Its etcd reads write the key relative to "/registry/pods/": the same
+	// token.
+	etcd := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":99,"start":"ns-1/web-0\u0000"}`))
+	if out, err := DecodeToken(etcd, prefix); err != nil || out != in {
+		t.Errorf("DecodeToken(kube-apiserver's etcd form) = %+v, %v; want %+v", out, err, in)
 	}
 	if out, err := DecodeToken(enc, prefix); err != nil || out != in {
 		t.Fatalf("round trip = %+v, %v; want %+v", out, err, in)

@@ -49,10 +49,10 @@ func (t Token) Encode(prefix string) string {
 	if rev == 0 {
 		rev = -1 // the latest state, as kube-apiserver reads it
 	}
-	start := strings.TrimPrefix(t.Start, prefix)
-	if start == "" {
-		start = "/" // the prefix itself: kube-apiserver refuses an empty key
-	}
+	// Relative to the prefix without its slash, as kube-apiserver's watch
+	// cache writes it ("/name\x00"; its etcd reads leave the slash out,
+	// and both read either). The prefix itself is "/".
+	start := strings.TrimPrefix(t.Start, strings.TrimSuffix(prefix, "/"))
 	b, _ := json.Marshal(tokenWire{V: tokenVersion, Rev: rev, Start: start})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
