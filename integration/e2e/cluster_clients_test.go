@@ -60,11 +60,6 @@ metadata: {name: w1, namespace: demo}
 spec: {size: large}
 `
 
-// testCustomResources: kubectl applies a CRD through Herald, waits for it to
-// be established (a watch of CRDs, which Herald serves), finds the new kind
-// once discovery has it (discovery is the cluster's), then applies, gets,
-// lists, watches, patches and deletes a custom resource, all through Herald
-// (custom resources are not in Herald's registry: they pass through).
 // gadgetCRD's storage version is deprecated: requests for it carry
 // apiextensions-apiserver's Warning, naming the version to use instead.
 const gadgetCRD = `
@@ -134,6 +129,11 @@ func testDeprecatedCustomResource(t *testing.T, ctx context.Context, c *clusterE
 	c.kubectlAs(t, ctx, admin, "delete", "-f", crd)
 }
 
+// testCustomResources: kubectl applies a CRD through Herald, waits for it to
+// be established (a watch of CRDs, which Herald serves), finds the new kind
+// once discovery has it (discovery is the cluster's), then applies, gets,
+// lists, watches, patches and deletes a custom resource, all through Herald
+// (custom resources are not in Herald's registry: they pass through).
 func testCustomResources(t *testing.T, ctx context.Context, c *clusterEnv) {
 	admin := c.heraldCfg["admin"]
 	crd, cr := filepath.Join(c.dir, "crd.yaml"), filepath.Join(c.dir, "widget.yaml")

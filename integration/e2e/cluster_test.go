@@ -474,6 +474,9 @@ func TestClusterMode(t *testing.T) {
 			if got := h.Values("Audit-Id"); code != tc.code || len(got) != 1 || got[0] != "e2e-"+tc.method {
 				t.Errorf("%s: %d, Audit-Id %q; want %d and the client's ID once: %s", tc.method, code, got, tc.code, clip(body))
 			}
+			if got := h.Values("Cache-Control"); len(got) != 1 || got[0] != "no-cache, private" {
+				t.Errorf("%s: Cache-Control %q, want kube-apiserver's once", tc.method, got)
+			}
 		}
 	})
 

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"io"
+	"net/http"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -214,6 +217,52 @@ func TestBadRequests(t *testing.T) {
 	t.Run("resourceVersion-too-large", func(t *testing.T) {
 		f.agreeStatus(t, "/api/v1/pods", query("resourceVersion", "999999999", "resourceVersionMatch", "NotOlderThan"), mediaJSON)
 	})
+}
+
+// TestErrorBodies compares error answers byte for byte: their Content-Type
+// and body are negotiated as kube-apiserver negotiates them (indented JSON
+// for curl, a protobuf Status for a protobuf client), for errors of served
+// requests and of authentication alike.
+func TestErrorBodies(t *testing.T) {
+	f := env(t)
+	const curl = "curl/8.5.0"
+	for _, tc := range []struct {
+		name, path, token, agent, accept string
+	}{
+		{"missing object, curl", "/api/v1/namespaces/" + nsA + "/pods/nope", "", curl, ""},
+		{"bad selector, curl", "/api/v1/pods?labelSelector=a+in+%28", "", curl, ""},
+		{"bad token, curl", "/api/v1/pods", "not-a-token", curl, ""},
+		{"bad token", "/api/v1/pods", "not-a-token", "", mediaJSON},
+		{"bad token, protobuf", "/api/v1/pods", "not-a-token", "", mediaProtobuf + ", " + mediaJSON},
+		{"missing object, protobuf", "/api/v1/namespaces/" + nsA + "/pods/nope", "", "", mediaProtobuf + ", " + mediaJSON},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fetch := func(base string) (int, string, string, []string) {
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, base+tc.path, nil)
+				if tc.token != "" {
+					req.Header.Set("Authorization", "Bearer "+tc.token)
+				}
+				if tc.agent != "" {
+					req.Header.Set("User-Agent", tc.agent)
+				}
+				if tc.accept != "" {
+					req.Header.Set("Accept", tc.accept)
+				}
+				resp, err := f.http.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, resp.Header.Get("Content-Type"), string(b), resp.Header.Values("Cache-Control")
+			}
+			kc, kt, kb, kcc := fetch(f.kubeURL)
+			hc, ht, hb, hcc := fetch(f.heraldURL)
+			if kc < 400 || hc != kc || ht != kt || hb != kb || !slices.Equal(hcc, kcc) {
+				t.Errorf("kube-apiserver %d %s Cache-Control %q\n%q\nHerald %d %s Cache-Control %q\n%q", kc, kt, kcc, kb, hc, ht, hcc, hb)
+			}
+		})
+	}
 }
 
 // TestStorageFormat checks that the test tests what it claims: etcd holds

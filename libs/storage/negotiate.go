@@ -222,13 +222,14 @@ func (n *Negotiator) Route(r *http.Request, custom, collection bool) error {
 
 // ErrorMediaType is the media type kube-apiserver writes an error Status in
 // (responsewriters.ErrorNegotiated): the request's negotiated media type
-// without any transformation; "" when none is acceptable (an Accept that
-// only asks for a transformation, as=PartialObjectMetadata or Table), for
-// which kube-apiserver writes the Status as indented JSON
+// without any transformation, and whether it is pretty (curl's, ?pretty);
+// "" when none is acceptable (an Accept that only asks for a
+// transformation, as=PartialObjectMetadata or Table), for which
+// kube-apiserver writes the Status as indented JSON
 // (responsewriters.WriteRawJSON).
-func (n *Negotiator) ErrorMediaType(r *http.Request) string {
+func (n *Negotiator) ErrorMediaType(r *http.Request) (mt string, pretty bool) {
 	if _, info, err := negotiation.NegotiateOutputMediaType(r, n.codecs, negotiation.DefaultEndpointRestrictions); err == nil {
-		return info.MediaType
+		return info.MediaType, info.PrettySerializer != nil && info.Serializer == info.PrettySerializer
 	}
-	return ""
+	return "", false
 }

@@ -209,8 +209,23 @@ func TestRoute(t *testing.T) {
 		"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1":                                         "",
 		"application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json": MediaJSON,
 	} {
-		if got := n.ErrorMediaType(request(accept, "", "")); got != want {
-			t.Errorf("error media type for %q: %s, want %s", accept, got, want)
+		if got, pretty := n.ErrorMediaType(request(accept, "", "")); got != want || pretty {
+			t.Errorf("error media type for %q: %s (pretty %v), want %s", accept, got, pretty, want)
+		}
+	}
+	// Pretty as kube-apiserver's errors are: asked for, or curl's.
+	for _, tc := range []struct {
+		r      *http.Request
+		mt     string
+		pretty bool
+	}{
+		{request("", "", "curl/8.5.0"), MediaJSON, true},
+		{request("", "?pretty=true", ""), MediaJSON, true},
+		{request("", "?pretty=false", "curl/8.5.0"), MediaJSON, false},
+		{request("application/vnd.kubernetes.protobuf", "?pretty=true", ""), MediaProtobuf, false},
+	} {
+		if mt, pretty := n.ErrorMediaType(tc.r); mt != tc.mt || pretty != tc.pretty {
+			t.Errorf("error media type for %v: %s (pretty %v), want %s (%v)", tc.r.URL, mt, pretty, tc.mt, tc.pretty)
 		}
 	}
 }
@@ -239,6 +254,6 @@ func FuzzNegotiate(f *testing.F) {
 		if err := n.Route(r, custom, true); err != nil && !apierrors.IsNotAcceptable(err) {
 			t.Fatalf("%q: %v", accept, err)
 		}
-		_ = n.ErrorMediaType(r)
+		_, _ = n.ErrorMediaType(r)
 	})
 }

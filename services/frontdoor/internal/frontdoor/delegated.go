@@ -315,9 +315,32 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 	if s.servedHere(r) {
 		return false
 	}
-	ae.verb, ae.reason = upstreamVerb(r), "upstream"
+	ae.verb, ae.resource, ae.ns = upstreamRequest(r)
+	ae.reason = "upstream"
 	s.cluster.up.serve(w, r, as)
 	return true
+}
+
+// upstreamRequest names a forwarded request's verb, resource (as frontdoor
+// names those it serves: plural.group, with /subresource) and namespace
+// for the audit line and metrics, as kube-apiserver's request info reads
+// them.
+func upstreamRequest(r *http.Request) (verb, resource, namespace string) {
+	info, err := requestInfos.NewRequestInfo(r)
+	if err != nil {
+		return strings.ToLower(r.Method), "", ""
+	}
+	if !info.IsResourceRequest {
+		return info.Verb, "", ""
+	}
+	resource = info.Resource
+	if info.APIGroup != "" {
+		resource += "." + info.APIGroup
+	}
+	if info.Subresource != "" {
+		resource += "/" + info.Subresource
+	}
+	return info.Verb, resource, info.Namespace
 }
 
 // servedHere reports whether frontdoor answers r itself in cluster mode:

@@ -108,17 +108,17 @@ func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n stor
 // JSON, and anything that cannot be encoded otherwise, as kube.WriteStatus
 // writes it.
 func (s *Server) writeStatus(w http.ResponseWriter, r *http.Request, err error) {
-	mt := s.neg.ErrorMediaType(r)
-	switch mt {
-	case storage.MediaJSON:
+	mt, pretty := s.neg.ErrorMediaType(r)
+	switch {
+	case mt == storage.MediaJSON && !pretty:
 		kube.WriteStatus(w, err)
 		return
-	case "":
+	case mt == "":
 		kube.WriteRawStatus(w, err)
 		return
 	}
 	st := kube.StatusOf(err)
-	b, encErr := s.codec.Encode(mt, false, &st)
+	b, encErr := s.codec.Encode(mt, pretty, &st)
 	if encErr != nil {
 		kube.WriteStatus(w, err)
 		return

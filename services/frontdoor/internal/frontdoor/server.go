@@ -407,6 +407,8 @@ type auditEntry struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	auditID := withAuditID(w, r)
+	// kube-apiserver's default for every answer: all are authenticated.
+	w.Header().Set("Cache-Control", "no-cache, private")
 	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
 	end := &requestEnd{}
@@ -462,7 +464,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.m.authnFailures.WithLabelValues(creds).Inc()
-		kube.WriteStatus(rec, errUnauthorized())
+		s.writeStatus(rec, r, errUnauthorized())
 		return
 	}
 	ae.user, ae.authn = u.Name, u.Method
@@ -477,7 +479,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a := attributes{user: u, verb: "get", path: r.URL.Path}
 		if ok, why := s.allowed(r, a); !ok {
 			ae.reason = forbiddenReason(a)
-			kube.WriteStatus(rec, errForbidden(a, why))
+			s.writeStatus(rec, r, errForbidden(a, why))
 			return
 		}
 		release, ok := s.admit(rec, s.requests, "readOnly", u)
@@ -510,7 +512,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resource: info.Resource.Plural, namespace: info.Namespace, name: info.Name}
 	if ok, why := s.allowed(r, a); !ok {
 		ae.reason = forbiddenReason(a)
-		kube.WriteStatus(rec, errForbidden(a, why))
+		s.writeStatus(rec, r, errForbidden(a, why))
 		return
 	}
 	if h := s.deprecations.header(info.Resource); h != "" {

@@ -244,6 +244,9 @@ func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(fw.server.url)
 	pr.SetXForwarded()
 	setImpersonation(pr.Out.Header, fw.user)
+	// frontdoor's server tells a client that expects it to continue, as it
+	// reads the body to forward it: kube-apiserver's 100 would be a second.
+	pr.Out.Header.Del("Expect")
 	if fw.auditID != "" {
 		pr.Out.Header.Set(auditinternal.HeaderAuditID, fw.auditID)
 	}
@@ -360,6 +363,8 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
 	// whose headers the proxy writes, and then clears, with a 1xx.
 	fw := &forward{user: user, server: s, auditID: w.Header().Get(auditinternal.HeaderAuditID)}
 	w.Header().Del(auditinternal.HeaderAuditID)
+	// kube-apiserver's answer carries its own.
+	w.Header().Del("Cache-Control")
 	u.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardKey{}, fw)))
 }
 
@@ -390,25 +395,4 @@ func (u *upstream) healthCheck(ctx context.Context, every time.Duration) {
 			}
 		}
 	})
-}
-
-// upstreamVerb names a forwarded request's verb for metrics and the audit
-// line, as kube-apiserver's request info would (without parsing the path).
-func upstreamVerb(r *http.Request) string {
-	switch r.Method {
-	case http.MethodPost:
-		return "create"
-	case http.MethodPut:
-		return "update"
-	case http.MethodPatch:
-		return "patch"
-	case http.MethodDelete:
-		return "delete"
-	case http.MethodGet, http.MethodHead:
-		if httpstream.IsUpgradeRequest(r) {
-			return "connect"
-		}
-		return "get"
-	}
-	return strings.ToLower(r.Method)
 }
