@@ -100,8 +100,10 @@ func testDeprecatedCustomResource(t *testing.T, ctx context.Context, c *clusterE
 		}
 		return ""
 	})
-	served := func() float64 {
-		return metricLabeled(t, c.Proc("frontdoor-0"), "apiserver_request_total", `resource="gadgets.example.com"`)
+	// Requests of gadgets, and requests kube-apiserver answered.
+	counts := func() (float64, float64) {
+		fd := c.Proc("frontdoor-0")
+		return metricLabeled(t, fd, "apiserver_request_total", `resource="gadgets.example.com"`), metric(t, fd, "herald_frontdoor_forwarded_requests_total")
 	}
 	for _, path := range []string{list, list + "/g1"} {
 		// Herald serves the resource once it has learned the CRD; until
@@ -112,9 +114,9 @@ func testDeprecatedCustomResource(t *testing.T, ctx context.Context, c *clusterE
 			h    http.Header
 		)
 		eventually(t, wctx, "GET "+path+" served by Herald", func() string {
-			before := served()
+			gadgets, forwarded := counts()
 			code, body, h = c.callHeader(ctx, c.FrontdoorURL, c.Token, http.MethodGet, path, "", nil)
-			if served() == before {
+			if g, f := counts(); g != gadgets+1 || f != forwarded {
 				return "answered by kube-apiserver"
 			}
 			return ""

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -315,32 +317,56 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 	if s.servedHere(r) {
 		return false
 	}
-	ae.verb, ae.resource, ae.ns = upstreamRequest(r)
-	ae.reason = "upstream"
+	var id, sub string
+	ae.verb, id, sub, ae.ns = upstreamRequest(r)
+	ae.reason, ae.forwarded, ae.upstreamResource = "upstream", true, id
+	if sub != "" {
+		ae.upstreamResource += "/" + sub
+	}
+	// A metric label only for a resource frontdoor knows: any client may
+	// name any other in a path.
+	if _, known := s.reg.ByID(id); known {
+		ae.resource = id
+	}
 	s.cluster.up.serve(w, r, as)
 	return true
 }
 
-// upstreamRequest names a forwarded request's verb, resource (as frontdoor
-// names those it serves: plural.group, with /subresource) and namespace
-// for the audit line and metrics, as kube-apiserver's request info reads
-// them.
-func upstreamRequest(r *http.Request) (verb, resource, namespace string) {
+// connectSubresources are the subresources kube-apiserver's metrics count
+// as CONNECT (its validConnectRequests).
+var connectSubresources = []string{"attach", "exec", "portforward", "proxy"}
+
+// upstreamVerbs are the verbs a forwarded request is counted under; any
+// other method is "other" (a client chooses it).
+var upstreamVerbs = []string{"get", "list", "watch", "create", "update", "patch", "apply", "delete",
+	"deletecollection", "connect", "proxy", "post", "put", "head", "options"}
+
+// upstreamRequest names a forwarded request as kube-apiserver's request
+// info and metrics do: its verb (connect for exec, attach, portforward and
+// proxy; apply for a server-side apply), resource (as frontdoor names those
+// it serves: plural.group), subresource and namespace.
+func upstreamRequest(r *http.Request) (verb, resource, subresource, namespace string) {
 	info, err := requestInfos.NewRequestInfo(r)
 	if err != nil {
-		return strings.ToLower(r.Method), "", ""
+		return "other", "", "", ""
+	}
+	verb = info.Verb
+	switch {
+	case info.IsResourceRequest && slices.Contains(connectSubresources, info.Subresource):
+		verb = "connect"
+	case verb == "patch" && r.Header.Get("Content-Type") == string(types.ApplyPatchType):
+		verb = "apply"
+	case !slices.Contains(upstreamVerbs, verb):
+		verb = "other"
 	}
 	if !info.IsResourceRequest {
-		return info.Verb, "", ""
+		return verb, "", "", ""
 	}
 	resource = info.Resource
 	if info.APIGroup != "" {
 		resource += "." + info.APIGroup
 	}
-	if info.Subresource != "" {
-		resource += "/" + info.Subresource
-	}
-	return info.Verb, resource, info.Namespace
+	return verb, resource, info.Subresource, info.Namespace
 }
 
 // servedHere reports whether frontdoor answers r itself in cluster mode:

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,20 +122,34 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 var standaloneVersion = servedAPIVersion()
 
 func servedAPIVersion() version.Info {
-	v := "v0.37.2" // go.mod's, for a binary built without module information
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
-			if d.Path == "k8s.io/api" {
-				v = d.Version
+			if d.Path != "k8s.io/api" {
+				continue
+			}
+			if d.Replace != nil {
+				d = d.Replace
+			}
+			if v, ok := kubernetesVersion(d.Version); ok {
+				return v
 			}
 		}
 	}
-	parts := strings.SplitN(strings.TrimPrefix(v, "v0."), ".", 2)
-	if len(parts) != 2 {
-		return version.Info{Major: "1", Minor: "37", GitVersion: "v1.37.0-herald"}
+	// go.mod's, for a binary built without module versions (a test) or
+	// with a pseudo-version of k8s.io/api.
+	v, _ := kubernetesVersion("v0.37.2")
+	return v
+}
+
+// kubernetesVersion is the Kubernetes version of a k8s.io/api module
+// version (v0.X.Y is v1.X.Y), marked as Herald's.
+func kubernetesVersion(module string) (version.Info, bool) {
+	minor, rest, ok := strings.Cut(strings.TrimPrefix(module, "v0."), ".")
+	if n, err := strconv.Atoi(minor); !ok || err != nil || n == 0 || !strings.HasPrefix(module, "v0.") {
+		return version.Info{}, false
 	}
-	patch, _, _ := strings.Cut(parts[1], "-")
-	return version.Info{Major: "1", Minor: parts[0], GitVersion: "v1." + parts[0] + "." + patch + "-herald"}
+	patch, _, _ := strings.Cut(rest, "-")
+	return version.Info{Major: "1", Minor: minor, GitVersion: "v1." + minor + "." + patch + "-herald"}, true
 }
 
 // serve answers a discovery path; false when path is not one.

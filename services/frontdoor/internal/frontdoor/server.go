@@ -87,6 +87,7 @@ type metrics struct {
 	fanoutRetries   *prometheus.CounterVec
 	fanoutShed      *prometheus.CounterVec
 	olderThanWindow *prometheus.CounterVec
+	forwarded       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -108,6 +109,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fanoutShed:    f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_fanout_rebalanced_watches_total", Help: "Watches ended (the client resumes) to move them off a fanout replica holding more than its share, by that replica."}, []string{"fanout"}),
 		olderThanWindow: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_lists_older_than_window_total",
 			Help: "Lists at a revision older than the cache's window (or, split over shards, a shard's window; exact, paged or continued), forwarded to kube-apiserver in cluster mode, by resource."}, []string{"resource"}),
+		forwarded: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_forwarded_requests_total",
+			Help: "Requests answered by kube-apiserver in cluster mode (everything but the reads frontdoor serves), by verb and HTTP code."}, []string{"verb", "code"}),
 	}
 }
 
@@ -401,6 +404,11 @@ func (e *requestEnd) run() {
 // auditEntry is what the audit line says about one request.
 type auditEntry struct {
 	user, authn, verb, resource, ns, reason string
+	// forwarded: answered by kube-apiserver (cluster mode); resource is
+	// then a metric label only for resources frontdoor knows, and the
+	// audit line names the request's own in upstreamResource.
+	forwarded        bool
+	upstreamResource string
 }
 
 // ServeHTTP serves one request; the package comment lists the steps.
@@ -425,7 +433,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
 			}
 		}
-		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", ae.resource, "namespace", ae.ns,
+		resource := ae.resource
+		if ae.forwarded {
+			s.m.forwarded.WithLabelValues(ae.verb, strconv.Itoa(code)).Inc()
+			resource = ae.upstreamResource
+		}
+		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", resource, "namespace", ae.ns,
 			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond), "auditID", auditID}
 		if ae.authn != "" {
 			attrs = append(attrs, "authn", ae.authn)
@@ -441,7 +454,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 
 	if r.ContentLength > s.cfg.MaxBodyBytes {
-		kube.WriteStatus(rec, errBodyTooLarge(s.cfg.MaxBodyBytes))
+		s.writeStatus(rec, r, errBodyTooLarge(s.cfg.MaxBodyBytes))
 		return
 	}
 	if r.Body != nil {
@@ -472,7 +485,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return // forwarded upstream, or impersonation refused
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		kube.WriteStatus(rec, apierrors.NewMethodNotSupported(schema.GroupResource{}, r.Method))
+		s.writeStatus(rec, r, apierrors.NewMethodNotSupported(schema.GroupResource{}, r.Method))
 		return
 	}
 	if h := s.nonResource(r.URL.Path); h != nil {
@@ -504,7 +517,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	info, err := s.reg.ParseRequest(r.URL.Path, q)
 	if err != nil {
-		kube.WriteStatus(rec, err)
+		s.writeStatus(rec, r, err)
 		return
 	}
 	ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
@@ -585,7 +598,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// at one, a continue token): kube-apiserver reads etcd for it, and
 	// answers as the caller is allowed. Its reply carries its own warnings.
 	rec.Header().Del("Warning")
-	ae.reason = "upstream: older than the cache's window"
+	ae.reason, ae.forwarded, ae.upstreamResource = "upstream: older than the cache's window", true, ae.resource
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
 	s.cluster.up.serve(rec, r, u)
 }

@@ -89,10 +89,12 @@ func (k *fakeKube) serve(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(sar)
 		return
 	}
-	// kube-apiserver echoes the audit ID it was given.
+	// kube-apiserver echoes the audit ID it was given, and marks every
+	// answer private.
 	if id := r.Header.Get("Audit-ID"); id != "" {
 		w.Header().Set("Audit-Id", id)
 	}
+	w.Header().Set("Cache-Control", "no-cache, private")
 	b, _ := io.ReadAll(r.Body)
 	k.mu.Lock()
 	k.seen = append(k.seen, r.Clone(r.Context()))
@@ -296,13 +298,32 @@ func TestUpstreamForward(t *testing.T) {
 			t.Errorf("%s: body %q", tc.path, body)
 		}
 	}
-	// Counted by kube-apiserver's verb and resource.
-	for _, l := range [][]string{
-		{"create", "configmaps"}, {"patch", "deployments.apps/scale"}, {"delete", "pods"}, {"get", "pods/log"},
-		{"get", ""}, {"list", "nodes.metrics.k8s.io"},
+	// Counted by kube-apiserver's verb, and by resource when frontdoor
+	// knows it (a path may name anything: the label stays bounded).
+	for _, tc := range []struct {
+		method, path, contentType string
+		verb, resource            string
+	}{
+		{http.MethodPost, "/api/v1/namespaces/ns1/configmaps", "", "create", "configmaps"},
+		{http.MethodPatch, "/apis/apps/v1/namespaces/ns1/deployments/web/scale", "application/merge-patch+json", "patch", "deployments.apps"},
+		{http.MethodPatch, "/api/v1/namespaces/ns1/configmaps/c", "application/apply-patch+yaml", "apply", "configmaps"},
+		{http.MethodGet, "/api/v1/namespaces/ns1/pods/p/log", "", "get", "pods"},
+		{http.MethodPost, "/api/v1/namespaces/ns1/pods/p/exec", "", "connect", "pods"},
+		{http.MethodGet, "/apis/x1.example.com/v1/things", "", "list", ""},
+		{http.MethodGet, "/apis/metrics.k8s.io/v1beta1/nodes", "", "list", ""},
+		{http.MethodGet, "/openapi/v3", "", "get", ""},
+		{"FOO1", "/api/v1/namespaces/ns1/configmaps", "", "other", "configmaps"},
 	} {
-		if n := testutil.ToFloat64(s.m.requests.WithLabelValues(l[0], l[1], "201")); n < 1 {
-			t.Errorf("apiserver_request_total{verb=%q,resource=%q}: %v, want counted", l[0], l[1], n)
+		before := testutil.ToFloat64(s.m.requests.WithLabelValues(tc.verb, tc.resource, "201"))
+		forwarded := testutil.ToFloat64(s.m.forwarded.WithLabelValues(tc.verb, "201"))
+		if rec := send(s, tc.method, tc.path, tokAlice, strings.NewReader(`{}`), map[string]string{"Content-Type": tc.contentType}); rec.Code != http.StatusCreated {
+			t.Errorf("%s %s: %d %s", tc.method, tc.path, rec.Code, rec.Body)
+		}
+		if n := testutil.ToFloat64(s.m.requests.WithLabelValues(tc.verb, tc.resource, "201")) - before; n != 1 {
+			t.Errorf("%s %s: apiserver_request_total{verb=%q,resource=%q} +%v, want +1", tc.method, tc.path, tc.verb, tc.resource, n)
+		}
+		if n := testutil.ToFloat64(s.m.forwarded.WithLabelValues(tc.verb, "201")) - forwarded; n != 1 {
+			t.Errorf("%s %s: herald_frontdoor_forwarded_requests_total{verb=%q} +%v, want +1", tc.method, tc.path, tc.verb, n)
 		}
 	}
 	// Reads of cached resources are served here, not upstream.
@@ -344,6 +365,9 @@ func TestAuditID(t *testing.T) {
 				t.Errorf("%s (given %q): %d, Audit-Id %q; want %d and one ID", tc.name, given, rec.Code, ids, tc.code)
 				continue
 			}
+			if cc := rec.Result().Header.Values("Cache-Control"); len(cc) != 1 || cc[0] != "no-cache, private" {
+				t.Errorf("%s: Cache-Control %q, want kube-apiserver's once", tc.name, cc)
+			}
 			id := ids[0]
 			switch {
 			case given != "" && id != given:
@@ -358,6 +382,15 @@ func TestAuditID(t *testing.T) {
 				}
 			}
 		}
+	}
+	// An upstream that does not answer: frontdoor's 503 carries both too.
+	// (The token's review is cached first: the failure is the forward's.)
+	send(s, http.MethodGet, "/api/v1/namespaces/ns1/pods", tokAdmin, nil, nil)
+	k.srv.Close()
+	rec := send(s, http.MethodPost, "/api/v1/namespaces/ns1/configmaps", tokAdmin, strings.NewReader(`{}`), map[string]string{"Audit-ID": "down"})
+	if h := rec.Result().Header; rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "upstream kube-apiserver is unavailable") ||
+		!slices.Equal(h.Values("Audit-Id"), []string{"down"}) || !slices.Equal(h.Values("Cache-Control"), []string{"no-cache, private"}) {
+		t.Errorf("upstream down: %d %s, headers %v", rec.Code, rec.Body, h)
 	}
 }
 
@@ -731,6 +764,18 @@ func TestStandaloneVersion(t *testing.T) {
 	want := "v1." + strings.TrimPrefix(api, "v0.") + "-herald"
 	if v.GitVersion != want || v.Major != "1" || !strings.HasPrefix(want, "v1."+v.Minor+".") {
 		t.Errorf("/version %+v, want %s (k8s.io/api %s)", v, want, api)
+	}
+}
+
+func TestKubernetesVersion(t *testing.T) {
+	for in, want := range map[string]string{
+		"v0.37.2": "v1.37.2-herald", "v0.38.0-alpha.1": "v1.38.0-herald", "v0.0.0-20260101000000-abcdef012345": "",
+		"v1.2.3": "", "": "", "v0.x.1": "",
+	} {
+		v, ok := kubernetesVersion(in)
+		if ok != (want != "") || v.GitVersion != want || (ok && !strings.HasPrefix(want, "v1."+v.Minor+".")) {
+			t.Errorf("kubernetesVersion(%q) = %+v, %v; want %q", in, v, ok, want)
+		}
 	}
 }
 
