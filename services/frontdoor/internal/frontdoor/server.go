@@ -404,9 +404,9 @@ func (e *requestEnd) run() {
 // auditEntry is what the audit line says about one request.
 type auditEntry struct {
 	user, authn, verb, resource, ns, reason string
-	// forwarded: answered by kube-apiserver (cluster mode); resource is
-	// then a metric label only for resources frontdoor knows, and the
-	// audit line names the request's own in upstreamResource.
+	// forwarded: answered by kube-apiserver (cluster mode). resource is
+	// then a metric label only for resources frontdoor knows; the audit
+	// line names the request's own, upstreamResource, when set.
 	forwarded        bool
 	upstreamResource string
 }
@@ -416,7 +416,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	auditID := withAuditID(w, r)
 	// kube-apiserver's default for every answer: all are authenticated.
-	w.Header().Set("Cache-Control", "no-cache, private")
+	w.Header().Set("Cache-Control", cacheControl)
 	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
 	end := &requestEnd{}
@@ -433,9 +433,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
 			}
 		}
-		resource := ae.resource
 		if ae.forwarded {
 			s.m.forwarded.WithLabelValues(ae.verb, strconv.Itoa(code)).Inc()
+		}
+		resource := ae.resource
+		if ae.upstreamResource != "" {
 			resource = ae.upstreamResource
 		}
 		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", resource, "namespace", ae.ns,
@@ -598,10 +600,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// at one, a continue token): kube-apiserver reads etcd for it, and
 	// answers as the caller is allowed. Its reply carries its own warnings.
 	rec.Header().Del("Warning")
-	ae.reason, ae.forwarded, ae.upstreamResource = "upstream: older than the cache's window", true, ae.resource
+	ae.reason, ae.forwarded = "upstream: older than the cache's window", true
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
 	s.cluster.up.serve(rec, r, u)
 }
+
+// cacheControl is kube-apiserver's Cache-Control of every answer.
+const cacheControl = "no-cache, private"
 
 // withAuditID returns r's audit ID, as kube-apiserver chooses it: the
 // client's Audit-ID header, or a new UUID. It is set in the response's
@@ -857,7 +862,6 @@ func withoutTypeMeta(it []byte) (rest []byte, ok bool) {
 
 func (s *Server) write(w http.ResponseWriter, r *http.Request, contentType string, body []byte) {
 	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Cache-Control", "no-cache, private")
 	if len(body) >= s.cfg.GzipMinBytes && service.AcceptsGzip(r) {
 		gz := service.GzipResponse(w)
 		w.WriteHeader(http.StatusOK)

@@ -297,7 +297,7 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 	fw := r.Context().Value(forwardKey{}).(*forward)
 	// What serve took off for kube-apiserver's answer.
 	w.Header().Set(auditinternal.HeaderAuditID, fw.auditID)
-	w.Header().Set("Cache-Control", "no-cache, private")
+	w.Header().Set("Cache-Control", cacheControl)
 	var tooLarge *http.MaxBytesError
 	var nerr net.Error
 	switch {
