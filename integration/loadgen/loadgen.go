@@ -15,7 +15,9 @@
 // The client is kept cheap so that it does not starve the servers it shares
 // the machine with: an event is never decoded as JSON; only its type,
 // metadata.resourceVersion and the write time the writer embedded in an
-// annotation are picked out of the line.
+// annotation are picked out of the line. Where the machine has the cores
+// for it, the client also runs on CPUs of its own, away from every server
+// process (CPUPlan).
 //
 // Latency is the receive time minus the time taken just before the etcd Put,
 // so it includes etcd's commit. Every watcher starts at one known revision

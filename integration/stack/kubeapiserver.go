@@ -116,6 +116,9 @@ type KubeAPIServerOptions struct {
 	Authorization string
 	// Client talks to it (must trust CertFile's CA).
 	Client *http.Client
+	// Start, if set, runs start, which starts the process (the load
+	// benchmark starts it on the servers' CPUs, CPUPlan.StartServer).
+	Start func(start func() error) error
 }
 
 // KubeAPIServer is a running kube-apiserver process.
@@ -165,7 +168,11 @@ func StartKubeAPIServer(ctx context.Context, o KubeAPIServerOptions) (*KubeAPISe
 	cmd := exec.Command(o.Bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if o.Start != nil {
+		start = func() error { return o.Start(cmd.Start) }
+	}
+	if err := start(); err != nil {
 		out.Close()
 		return nil, err
 	}

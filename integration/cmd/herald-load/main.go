@@ -64,6 +64,7 @@ func main() {
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
+	flag.StringVar(&o.clientCPUs, "client-cpus", "auto", "CPUs of the load client (this process), the servers getting the rest of those it may use: auto (a quarter of them, on 4 or more; on fewer everything shares them), none, or a list (3, 6-7, 0,2).")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
@@ -75,7 +76,7 @@ func main() {
 
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
-	proto                                          string
+	proto, clientCPUs                              string
 	duration, warmup, settle, idle                 time.Duration
 	rounds, memPods, replicas                      int
 }
@@ -150,7 +151,19 @@ func run(o options) error {
 	if err := raiseFileLimit(maxWatchers, log); err != nil {
 		return err
 	}
-	rp := &loadgen.Report{Machine: loadgen.Machine(), Command: o.command, Started: time.Now(), Workloads: workloads,
+	avail, err := loadgen.AvailableCPUs()
+	if err != nil {
+		return err
+	}
+	cpus, err := loadgen.PlanCPUs(o.clientCPUs, avail)
+	if err != nil {
+		return fmt.Errorf("-client-cpus: %w", err)
+	}
+	if err := cpus.PinClient(); err != nil {
+		return err
+	}
+	log.Info("CPU placement", "placement", cpus.String())
+	rp := &loadgen.Report{Machine: loadgen.Machine(), CPUs: cpus.String(), Command: o.command, Started: time.Now(), Workloads: workloads,
 		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{},
 		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}}
 	if o.dir == "" {
@@ -232,7 +245,7 @@ func run(o options) error {
 	// loaded starts a host (mode "herald" or "etcd") in dir and loads pods
 	// (if any) into its etcd; stop stops both.
 	loaded := func(mode, dir, binDir, tokens string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
-		h, info, err := startHost(ctx, mode, dir, binDir, tokens, o.replicas)
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, o.replicas)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -362,7 +375,7 @@ func run(o options) error {
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		k, err = loadgen.StartKubeAPIServer(ctx, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, protobuf, httpc)
+		k, err = loadgen.StartKubeAPIServer(ctx, cpus, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, protobuf, httpc)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -616,7 +629,7 @@ type host struct {
 }
 
 // startHost runs `herald-load host` (this binary) and reads its HostInfo.
-func startHost(ctx context.Context, mode, dir, binDir, tokens string, replicas int) (*host, *loadgen.HostInfo, error) {
+func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens string, replicas int) (*host, *loadgen.HostInfo, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
@@ -631,7 +644,8 @@ func startHost(ctx context.Context, mode, dir, binDir, tokens string, replicas i
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
+	// The host and every process it starts run on the servers' CPUs.
+	if err := cpus.StartServer(cmd.Start); err != nil {
 		return nil, nil, err
 	}
 	h := &host{cmd: cmd, stdin: stdin}

@@ -1,0 +1,202 @@
+package loadgen
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// CPU placement. The load client (this process: the writer and every
+// watcher) and the servers it measures compete for the same cores unless
+// they are kept apart. Where the machine has enough of them, the client is
+// pinned to a few and every server process (each system's host, what it
+// starts, and kube-apiserver) to the rest, so that neither system's figures
+// carry the client's scheduling; on a small machine the servers would lose
+// the cores the client gets, so everything shares them, and the report
+// says so.
+
+// MinCPUsToPin is the fewest CPUs on which "auto" keeps the client apart: a
+// quarter of them for the client, the rest for the servers.
+const MinCPUsToPin = 4
+
+// CPUPlan is where the client and the servers run. Both empty: unpinned.
+type CPUPlan struct {
+	Client, Servers []int
+	// Of: the CPUs this process could use when the plan was made.
+	Of []int
+}
+
+// Pinned reports whether the client and the servers are kept apart.
+func (p CPUPlan) Pinned() bool { return len(p.Client) > 0 }
+
+// PlanCPUs splits avail (the CPUs this process may run on) by spec:
+// "auto" (a quarter of them, at least one, the highest-numbered, for the
+// client when there are MinCPUsToPin or more; otherwise none), "none", or
+// a list of CPUs for the client ("3", "6-7", "0,2"), which must leave the
+// servers at least one.
+func PlanCPUs(spec string, avail []int) (CPUPlan, error) {
+	avail = slices.Sorted(slices.Values(avail))
+	plan := CPUPlan{Of: avail}
+	switch spec {
+	case "none":
+		return plan, nil
+	case "auto":
+		if len(avail) < MinCPUsToPin {
+			return plan, nil
+		}
+		n := max(1, len(avail)/4)
+		plan.Client = slices.Clone(avail[len(avail)-n:])
+		plan.Servers = slices.Clone(avail[:len(avail)-n])
+		return plan, nil
+	}
+	client, err := parseCPUList(spec)
+	if err != nil {
+		return plan, err
+	}
+	for _, c := range client {
+		if !slices.Contains(avail, c) {
+			return plan, fmt.Errorf("CPU %d is not one this process may use (%s)", c, FormatCPUs(avail))
+		}
+	}
+	for _, c := range avail {
+		if !slices.Contains(client, c) {
+			plan.Servers = append(plan.Servers, c)
+		}
+	}
+	if len(plan.Servers) == 0 {
+		return plan, fmt.Errorf("CPUs %s leave none of %s to the servers", FormatCPUs(client), FormatCPUs(avail))
+	}
+	plan.Client = client
+	return plan, nil
+}
+
+// parseCPUList reads "0-2,5": sorted, without repeats; an empty list is an
+// error.
+func parseCPUList(s string) ([]int, error) {
+	var cpus []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || a < 0 || b < a {
+			return nil, fmt.Errorf("%q is not a CPU list (e.g. 3, 6-7 or 0,2)", s)
+		}
+		for c := a; c <= b; c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	slices.Sort(cpus)
+	return slices.Compact(cpus), nil
+}
+
+// FormatCPUs writes cpus as a list of ranges ("0-2,5").
+func FormatCPUs(cpus []int) string {
+	var parts []string
+	for i := 0; i < len(cpus); {
+		j := i
+		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(cpus[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", cpus[i], cpus[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
+}
+
+// String says where the client and the servers ran, for the report.
+func (p CPUPlan) String() string {
+	if !p.Pinned() {
+		return fmt.Sprintf("the load client and the servers share the %d CPUs this process may use (CPUs %s; kept apart only with -client-cpus, or on %d CPUs or more)",
+			len(p.Of), FormatCPUs(p.Of), MinCPUsToPin)
+	}
+	return fmt.Sprintf("the load client pinned to CPUs %s, every server process to CPUs %s", FormatCPUs(p.Client), FormatCPUs(p.Servers))
+}
+
+// AvailableCPUs is the CPUs this process may run on.
+func AvailableCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, err
+	}
+	return cpuList(&set), nil
+}
+
+func cpuList(set *unix.CPUSet) []int {
+	var cpus []int
+	for c := range len(set) * 64 {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
+}
+
+func cpuSet(cpus []int) *unix.CPUSet {
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	return &set
+}
+
+// PinClient moves every thread of this process to the client's CPUs
+// (threads started later inherit their creator's). Unpinned: nothing.
+func (p CPUPlan) PinClient() error {
+	if !p.Pinned() {
+		return nil
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return err
+	}
+	set := cpuSet(p.Client)
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		// A thread that exited since the listing is no error.
+		if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("pinning thread %d: %w", tid, err)
+		}
+	}
+	return nil
+}
+
+// StartServer runs start, which starts a server process, so that the
+// process runs on the servers' CPUs: a child inherits the CPUs of the
+// thread that forks it, and start runs on a thread moved there for the
+// call. Afterwards every thread of this process is on the client's CPUs
+// again (one the runtime started meanwhile from that thread included).
+// Unpinned: start alone.
+func (p CPUPlan) StartServer(start func() error) error {
+	if !p.Pinned() {
+		return start()
+	}
+	err := p.onServers(start)
+	if perr := p.PinClient(); err == nil {
+		err = perr
+	}
+	return err
+}
+
+func (p CPUPlan) onServers(start func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.SchedSetaffinity(0, cpuSet(p.Servers)); err != nil {
+		return fmt.Errorf("moving the starting thread to the servers' CPUs: %w", err)
+	}
+	return start()
+}
