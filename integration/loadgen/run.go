@@ -42,9 +42,13 @@ type Result struct {
 	ServerCPU float64
 	ClientCPU float64 // this process: writer and watchers
 	// Memory growth per idle watcher, in bytes, per measured process: Go
-	// heap in use after GC, and RSS.
+	// heap in use after GC, and RSS, from half the watchers open to all of
+	// them, over the watchers the second half added (the slope).
 	HeapPerWatcher map[string]float64
 	RSSPerWatcher  map[string]float64
+	// HeapFromNone: the heap's growth from no watchers to all of them,
+	// over all of them (what the first watches allocate once included).
+	HeapFromNone map[string]float64 `json:",omitempty"`
 	// Stages: the target's per-hop latencies over the measured writes
 	// (warm-up excluded; resumed watchers' catch-up included).
 	Stages []StageLatency `json:",omitempty"`
@@ -112,7 +116,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		r.Metrics = http.DefaultClient
 	}
 	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{},
-		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}, Terminated: -1, History: -1}
+		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}, HeapFromNone: map[string]float64{}, Terminated: -1, History: -1}
 	// Settle: the servers see the write rate for a while before any
 	// watcher opens (see Workload.Settle).
 	if w.Settle > 0 {
@@ -165,7 +169,8 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		return nil, err
 	}
 	defer closeClients()
-	// Open the watchers, 64 at a time.
+	// Open the watchers, 64 at a time, in two halves: memory per idle
+	// watcher is what the second half adds (see below).
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ws := make([]*watcher, w.Watchers)
@@ -174,35 +179,52 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	var mu sync.Mutex
 	deadline := time.Now().Add(2 * time.Minute)
 	openStart := time.Now()
-	for i := range ws {
-		ws[i] = &watcher{node: -1, protobuf: w.Protobuf, done: make(chan struct{})}
-		if w.Kubelet {
-			// Spread over every node, so that a reduced-scale run's
-			// watchers see events too.
-			ws[i].node = i * r.Pods.Nodes / w.Watchers
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			base := t.watchURL(i)
-			resp, err := ws[i].open(wctx, clients[i], base, t.Token(i), rev0, deadline)
-			<-sem
-			if err != nil {
-				mu.Lock()
-				res.OpenFailures++
-				if res.FirstError == "" {
-					res.FirstError = err.Error()
-				}
-				mu.Unlock()
-				ws[i].err, ws[i].openFailed = err, true
-				close(ws[i].done)
-				return
+	open := func(from, to int) {
+		for i := from; i < to; i++ {
+			ws[i] = &watcher{node: -1, protobuf: w.Protobuf, done: make(chan struct{})}
+			if w.Kubelet {
+				// Spread over every node, so that a reduced-scale run's
+				// watchers see events too.
+				ws[i].node = i * r.Pods.Nodes / w.Watchers
 			}
-			go ws[i].run(wctx, clients[i], base, t.Token(i), rev0, resp.Body)
-		}()
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				base := t.watchURL(i)
+				resp, err := ws[i].open(wctx, clients[i], base, t.Token(i), rev0, deadline)
+				<-sem
+				if err != nil {
+					mu.Lock()
+					res.OpenFailures++
+					if res.FirstError == "" {
+						res.FirstError = err.Error()
+					}
+					mu.Unlock()
+					ws[i].err, ws[i].openFailed = err, true
+					close(ws[i].done)
+					return
+				}
+				go ws[i].run(wctx, clients[i], base, t.Token(i), rev0, resp.Body)
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	// Memory per idle watcher is the slope: the growth from half the
+	// watchers open to all of them, over the watchers the second half
+	// added. What the first watches allocate once (pools, lazily built
+	// state, a server's first connections) is not any watch's; from no
+	// watchers at all it would be spread over them, more thinly the more
+	// there are. The growth from none is kept too (HeapFromNone).
+	half := w.Watchers / 2
+	open(0, half)
+	heapHalf, rssHalf, heldHalf := heap0, rss0, map[string]float64{}
+	if half > 0 {
+		time.Sleep(3 * time.Second) // let the servers settle
+		heapHalf, rssHalf = r.memory(ctx)
+		heldHalf = r.held(ctx, half-res.OpenFailures)
+	}
+	open(half, w.Watchers)
 	res.Watchers = w.Watchers - res.OpenFailures
 	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
 	time.Sleep(3 * time.Second) // let the servers settle
@@ -212,8 +234,13 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		t.IdleProfile(ctx)
 	}
 	for name, h := range heap1 {
-		res.HeapPerWatcher[name] = (float64(h) - float64(heap0[name])) / held[name]
-		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rss0[name])) / held[name]
+		added := held[name] - heldHalf[name] // heldHalf: 0 when not measured
+		if added <= 0 {
+			continue // the second half added none here: no slope
+		}
+		res.HeapPerWatcher[name] = (float64(h) - float64(heapHalf[name])) / added
+		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rssHalf[name])) / added
+		res.HeapFromNone[name] = (float64(h) - float64(heap0[name])) / held[name]
 	}
 
 	if r.Idle > 0 {
