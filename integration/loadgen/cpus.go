@@ -20,8 +20,9 @@ import (
 // the cores the client gets, so everything shares them, and the report
 // says so.
 
-// MinCPUsToPin is the fewest CPUs on which "auto" keeps the client apart: a
-// quarter of them for the client, the rest for the servers.
+// MinCPUsToPin is the fewest CPUs (of those this process may use) on which
+// "auto" keeps the client apart: a quarter of them, rounded down, for the
+// client, the rest for the servers.
 const MinCPUsToPin = 4
 
 // CPUPlan is where the client and the servers run. Both empty: unpinned.
@@ -35,7 +36,7 @@ type CPUPlan struct {
 func (p CPUPlan) Pinned() bool { return len(p.Client) > 0 }
 
 // PlanCPUs splits avail (the CPUs this process may run on) by spec:
-// "auto" (a quarter of them, at least one, the highest-numbered, for the
+// "auto" (a quarter of them rounded down, the highest-numbered, for the
 // client when there are MinCPUsToPin or more; otherwise none), "none", or
 // a list of CPUs for the client ("3", "6-7", "0,2"), which must leave the
 // servers at least one.
@@ -117,11 +118,14 @@ func FormatCPUs(cpus []int) string {
 
 // String says where the client and the servers ran, for the report.
 func (p CPUPlan) String() string {
-	if !p.Pinned() {
-		return fmt.Sprintf("the load client and the servers share the %d CPUs this process may use (CPUs %s; kept apart only with -client-cpus, or on %d CPUs or more)",
-			len(p.Of), FormatCPUs(p.Of), MinCPUsToPin)
+	if p.Pinned() {
+		return fmt.Sprintf("the load client pinned to CPUs %s, every server process to CPUs %s", FormatCPUs(p.Client), FormatCPUs(p.Servers))
 	}
-	return fmt.Sprintf("the load client pinned to CPUs %s, every server process to CPUs %s", FormatCPUs(p.Client), FormatCPUs(p.Servers))
+	why := "-client-cpus none"
+	if len(p.Of) < MinCPUsToPin {
+		why = fmt.Sprintf("fewer than the %d it takes to keep them apart", MinCPUsToPin)
+	}
+	return fmt.Sprintf("the load client and the servers sharing the %d CPUs herald-load may use, %s: %s", len(p.Of), FormatCPUs(p.Of), why)
 }
 
 // AvailableCPUs is the CPUs this process may run on.
@@ -152,51 +156,60 @@ func cpuSet(cpus []int) *unix.CPUSet {
 }
 
 // PinClient moves every thread of this process to the client's CPUs
-// (threads started later inherit their creator's). Unpinned: nothing.
+// (threads started later inherit their creator's). A thread not moved yet
+// may start another while the threads are listed: the listing is repeated
+// until it finds none it has not moved. Unpinned: nothing.
 func (p CPUPlan) PinClient() error {
 	if !p.Pinned() {
 		return nil
 	}
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return err
-	}
 	set := cpuSet(p.Client)
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
+	moved := map[int]bool{}
+	for {
+		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
-			continue
+			return err
 		}
-		// A thread that exited since the listing is no error.
-		if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
-			return fmt.Errorf("pinning thread %d: %w", tid, err)
+		found := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || moved[tid] {
+				continue
+			}
+			found = true
+			// A thread that exited since the listing is no error.
+			if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("pinning thread %d: %w", tid, err)
+			}
+			moved[tid] = true
+		}
+		if !found {
+			return nil
 		}
 	}
-	return nil
 }
 
 // StartServer runs start, which starts a server process, so that the
 // process runs on the servers' CPUs: a child inherits the CPUs of the
 // thread that forks it, and start runs on a thread moved there for the
-// call. Afterwards every thread of this process is on the client's CPUs
-// again (one the runtime started meanwhile from that thread included).
-// Unpinned: start alone.
+// call and moved back before any other goroutine may run on it. (The
+// runtime starts no thread from a locked one: it has a template thread for
+// that.) Unpinned: start alone.
 func (p CPUPlan) StartServer(start func() error) error {
 	if !p.Pinned() {
 		return start()
 	}
-	err := p.onServers(start)
-	if perr := p.PinClient(); err == nil {
-		err = perr
-	}
-	return err
-}
-
-func (p CPUPlan) onServers(start func() error) error {
 	runtime.LockOSThread()
+	// Unlocked whatever happens: a goroutine that exits locked ends its
+	// thread, and a child started with Pdeathsig dies with the thread that
+	// forked it.
 	defer runtime.UnlockOSThread()
 	if err := unix.SchedSetaffinity(0, cpuSet(p.Servers)); err != nil {
 		return fmt.Errorf("moving the starting thread to the servers' CPUs: %w", err)
 	}
-	return start()
+	err := start()
+	if perr := unix.SchedSetaffinity(0, cpuSet(p.Client)); perr != nil && err == nil {
+		err = fmt.Errorf("moving the starting thread back to the client's CPUs: %w", perr)
+	}
+	return err
 }

@@ -163,6 +163,9 @@ func (rp *Report) Write(w io.Writer) {
 				continue
 			}
 			p("- %s: expected %d deliveries, %d open failures, %d unexpected events; CPU by process (ms): %s; memory per idle watcher: %s.", r.Target, r.Expected, r.OpenFailures, r.Unexpected, kv(r.CPU, "%.0f", 1), memKV(r))
+			if r.ClientBusy > 0 {
+				p(" The load client used %.0f%% of its CPUs.", 100*r.ClientBusy)
+			}
 			if r.FirstError != "" {
 				p(" First error: `%.200s`.", r.FirstError)
 			}

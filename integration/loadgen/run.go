@@ -41,6 +41,9 @@ type Result struct {
 	CPU       map[string]float64
 	ServerCPU float64
 	ClientCPU float64 // this process: writer and watchers
+	// ClientBusy: ClientCPU over the window and the client's CPUs when it
+	// was pinned to some (0: not pinned).
+	ClientBusy float64 `json:",omitempty"`
 	// Memory growth per idle watcher, in bytes, per measured process: Go
 	// heap in use after GC, and RSS, from half the watchers open to all of
 	// them, over the watchers the second half added (the slope).
@@ -104,7 +107,11 @@ type Runner struct {
 	// metrics: what the servers cost a fleet of idle watchers), logged
 	// before the warm-up.
 	Idle time.Duration
-	next int // next pod to write
+	// ClientCPUs: how many CPUs the load client was pinned to (CPUPlan; 0:
+	// not pinned). A client busy on nearly all of them slows both systems'
+	// deliveries alike; Run warns and the report says how busy it was.
+	ClientCPUs int
+	next       int // next pod to write
 }
 
 // Run runs one workload: open the watchers idle (memory), write for
@@ -218,15 +225,22 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	// there are. The growth from none is kept too (HeapFromNone).
 	half := w.Watchers / 2
 	open(0, half)
-	heapHalf, rssHalf, heldHalf := heap0, rss0, map[string]float64{}
+	took := time.Since(openStart)
+	heapHalf, rssHalf := heap0, rss0
+	heldHalf := map[string]float64{}
+	for name := range heap0 {
+		heldHalf[name] = 0
+	}
 	if half > 0 {
 		time.Sleep(3 * time.Second) // let the servers settle
 		heapHalf, rssHalf = r.memory(ctx)
 		heldHalf = r.held(ctx, half-res.OpenFailures)
 	}
+	secondStart := time.Now()
 	open(half, w.Watchers)
+	took += time.Since(secondStart)
 	res.Watchers = w.Watchers - res.OpenFailures
-	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", time.Since(openStart).Round(time.Millisecond))
+	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", took.Round(time.Millisecond))
 	time.Sleep(3 * time.Second) // let the servers settle
 	heap1, rss1 := r.memory(ctx)
 	held := r.held(ctx, res.Watchers)
@@ -234,13 +248,20 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		t.IdleProfile(ctx)
 	}
 	for name, h := range heap1 {
-		added := held[name] - heldHalf[name] // heldHalf: 0 when not measured
-		if added <= 0 {
-			continue // the second half added none here: no slope
+		// Each figure only from what was read: a process whose heap or
+		// watch count is missing at a point has none from that point.
+		if h0, ok := heap0[name]; ok && held[name] > 0 {
+			res.HeapFromNone[name] = (float64(h) - float64(h0)) / held[name]
 		}
-		res.HeapPerWatcher[name] = (float64(h) - float64(heapHalf[name])) / added
+		hh, okHeap := heapHalf[name]
+		nh, okHeld := heldHalf[name]
+		added := held[name] - nh
+		if !okHeap || !okHeld || added <= 0 {
+			r.Log.Warn("memory per idle watcher not measured", "process", name, "heapRead", okHeap, "watchersRead", okHeld, "watchersAdded", added)
+			continue
+		}
+		res.HeapPerWatcher[name] = (float64(h) - float64(hh)) / added
 		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rssHalf[name])) / added
-		res.HeapFromNone[name] = (float64(h) - float64(heap0[name])) / held[name]
 	}
 
 	if r.Idle > 0 {
@@ -337,6 +358,12 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	}
 	res.ClientCPU = res.CPU["client"]
 	delete(res.CPU, "client")
+	if r.ClientCPUs > 0 && res.Window > 0 {
+		res.ClientBusy = res.ClientCPU / (float64(res.Window.Milliseconds()) * float64(r.ClientCPUs))
+		if res.ClientBusy > 0.8 {
+			r.Log.Warn("the load client was busy on its CPUs: its own delays are in both systems' latencies", "target", t.Name, "workload", w.Name, "busy", fmt.Sprintf("%.0f%%", 100*res.ClientBusy), "cpus", r.ClientCPUs)
+		}
+	}
 	for i, st := range t.Stages {
 		h, err := readHistogram(ctx, r.Metrics, st)
 		if err != nil || len(stages0[i].counts) == 0 {
@@ -463,7 +490,9 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 	for _, m := range r.Target.Mem {
 		h, err := m.Heap(ctx)
 		if err != nil {
+			// Left out: a missing figure is not a zero.
 			r.Log.Warn("heap", "process", m.Name, "err", err)
+			continue
 		}
 		heap[m.Name] = h
 		rss[m.Name], _ = RSSBytes(m.Pid)
@@ -472,20 +501,21 @@ func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 }
 
 // held returns, per measured process, how many of the open watchers it
-// holds (MemProc.Watchers; all of them when not set or not readable), at
-// least 1.
+// holds (MemProc.Watchers; all of them when not set). A process whose count
+// cannot be read is left out.
 func (r *Runner) held(ctx context.Context, open int) map[string]float64 {
 	out := map[string]float64{}
 	for _, m := range r.Target.Mem {
 		n := float64(open)
 		if m.Watchers != nil {
-			if v, err := m.Watchers(ctx); err == nil {
-				n = v
-			} else {
+			v, err := m.Watchers(ctx)
+			if err != nil {
 				r.Log.Warn("watchers held", "process", m.Name, "err", err)
+				continue
 			}
+			n = v
 		}
-		out[m.Name] = max(n, 1)
+		out[m.Name] = n
 	}
 	return out
 }

@@ -159,9 +159,6 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("-client-cpus: %w", err)
 	}
-	if err := cpus.PinClient(); err != nil {
-		return err
-	}
 	log.Info("CPU placement", "placement", cpus.String())
 	rp := &loadgen.Report{Machine: loadgen.Machine(), CPUs: cpus.String(), Command: o.command, Started: time.Now(), Workloads: workloads,
 		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{},
@@ -186,6 +183,10 @@ func run(o options) error {
 		}
 	}
 	o.binDir, _ = filepath.Abs(o.binDir)
+	// After the build, which may use every CPU.
+	if err := cpus.PinClient(); err != nil {
+		return err
+	}
 
 	// One token per user, every user in system:masters; the first line is
 	// the admin (the stack's token file convention).
@@ -266,7 +267,7 @@ func run(o options) error {
 	}
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, ClientCPUs: len(cpus.Client)}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
