@@ -6,9 +6,9 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/cpuset"
 )
 
 // CPU placement. The load client (this process: the writer and every
@@ -50,7 +50,7 @@ func PlanCPUs(spec string, avail []int) (CPUPlan, error) {
 		if len(avail) < MinCPUsToPin {
 			return plan, nil
 		}
-		n := max(1, len(avail)/4)
+		n := len(avail) / 4 // at least one
 		plan.Client = slices.Clone(avail[len(avail)-n:])
 		plan.Servers = slices.Clone(avail[:len(avail)-n])
 		return plan, nil
@@ -61,7 +61,7 @@ func PlanCPUs(spec string, avail []int) (CPUPlan, error) {
 	}
 	for _, c := range client {
 		if !slices.Contains(avail, c) {
-			return plan, fmt.Errorf("CPU %d is not one this process may use (%s)", c, FormatCPUs(avail))
+			return plan, fmt.Errorf("CPU %d is not one this process may use (%s)", c, formatCPUs(avail))
 		}
 	}
 	for _, c := range avail {
@@ -70,62 +70,35 @@ func PlanCPUs(spec string, avail []int) (CPUPlan, error) {
 		}
 	}
 	if len(plan.Servers) == 0 {
-		return plan, fmt.Errorf("CPUs %s leave none of %s to the servers", FormatCPUs(client), FormatCPUs(avail))
+		return plan, fmt.Errorf("CPUs %s leave none of %s to the servers", formatCPUs(client), formatCPUs(avail))
 	}
 	plan.Client = client
 	return plan, nil
 }
 
-// parseCPUList reads "0-2,5": sorted, without repeats; an empty list is an
-// error.
+// parseCPUList reads a Linux CPU list ("0-2,5"): sorted, without repeats;
+// an empty list is an error.
 func parseCPUList(s string) ([]int, error) {
-	var cpus []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		a, err := strconv.Atoi(lo)
-		b := a
-		if err == nil && isRange {
-			b, err = strconv.Atoi(hi)
-		}
-		if err != nil || a < 0 || b < a {
-			return nil, fmt.Errorf("%q is not a CPU list (e.g. 3, 6-7 or 0,2)", s)
-		}
-		for c := a; c <= b; c++ {
-			cpus = append(cpus, c)
-		}
+	set, err := cpuset.Parse(s)
+	if err != nil || set.IsEmpty() {
+		return nil, fmt.Errorf("%q is not a CPU list (e.g. 3, 6-7 or 0,2)", s)
 	}
-	slices.Sort(cpus)
-	return slices.Compact(cpus), nil
+	return set.List(), nil
 }
 
-// FormatCPUs writes cpus as a list of ranges ("0-2,5").
-func FormatCPUs(cpus []int) string {
-	var parts []string
-	for i := 0; i < len(cpus); {
-		j := i
-		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
-			j++
-		}
-		if j == i {
-			parts = append(parts, strconv.Itoa(cpus[i]))
-		} else {
-			parts = append(parts, fmt.Sprintf("%d-%d", cpus[i], cpus[j]))
-		}
-		i = j + 1
-	}
-	return strings.Join(parts, ",")
-}
+// formatCPUs writes cpus as a Linux CPU list ("0-2,5").
+func formatCPUs(cpus []int) string { return cpuset.New(cpus...).String() }
 
 // String says where the client and the servers ran, for the report.
 func (p CPUPlan) String() string {
 	if p.Pinned() {
-		return fmt.Sprintf("the load client pinned to CPUs %s, every server process to CPUs %s", FormatCPUs(p.Client), FormatCPUs(p.Servers))
+		return fmt.Sprintf("the load client pinned to CPUs %s, every server process to CPUs %s", formatCPUs(p.Client), formatCPUs(p.Servers))
 	}
 	why := "-client-cpus none"
 	if len(p.Of) < MinCPUsToPin {
 		why = fmt.Sprintf("fewer than the %d it takes to keep them apart", MinCPUsToPin)
 	}
-	return fmt.Sprintf("the load client and the servers sharing the %d CPUs herald-load may use, %s: %s", len(p.Of), FormatCPUs(p.Of), why)
+	return fmt.Sprintf("the load client and the servers sharing the %d CPUs herald-load may use, %s: %s", len(p.Of), formatCPUs(p.Of), why)
 }
 
 // AvailableCPUs is the CPUs this process may run on.

@@ -53,18 +53,6 @@ func TestPlanCPUs(t *testing.T) {
 	}
 }
 
-func TestFormatCPUs(t *testing.T) {
-	for cpus, want := range map[string]string{"0": "0", "0 1": "0-1", "0 1 2 5": "0-2,5", "1 3 4 5 7": "1,3-5,7", "": ""} {
-		var list []int
-		for _, f := range strings.Fields(cpus) {
-			list = append(list, int(f[0]-'0'))
-		}
-		if got := FormatCPUs(list); got != want {
-			t.Errorf("FormatCPUs(%v) = %q, want %q", list, got, want)
-		}
-	}
-}
-
 // TestStartServerPins starts a process through a pinned plan and checks
 // where the kernel lets it and this process's threads run.
 func TestStartServerPins(t *testing.T) {
@@ -79,7 +67,7 @@ func TestStartServerPins(t *testing.T) {
 	if len(avail) < 2 {
 		t.Skipf("this process may use %d CPU; pinning needs two", len(avail))
 	}
-	plan, err := PlanCPUs(FormatCPUs(avail[len(avail)-1:]), avail)
+	plan, err := PlanCPUs(formatCPUs(avail[len(avail)-1:]), avail)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,11 +97,11 @@ func TestStartServerPins(t *testing.T) {
 	}
 	defer func() { stdin.Close(); cmd.Wait() }()
 
-	if got := allowedCPUs(t, cmd.Process.Pid); !slices.Equal(got, []string{FormatCPUs(plan.Servers)}) {
-		t.Errorf("the started process's threads may run on CPUs %v, want only the servers' %s", got, FormatCPUs(plan.Servers))
+	if got := allowedCPUs(t, cmd.Process.Pid); !slices.Equal(got, []string{formatCPUs(plan.Servers)}) {
+		t.Errorf("the started process's threads may run on CPUs %v, want only the servers' %s", got, formatCPUs(plan.Servers))
 	}
-	if got := allowedCPUs(t, os.Getpid()); !slices.Equal(got, []string{FormatCPUs(plan.Client)}) {
-		t.Errorf("this process's threads may run on CPUs %v after the start, want only the client's %s", got, FormatCPUs(plan.Client))
+	if got := allowedCPUs(t, os.Getpid()); !slices.Equal(got, []string{formatCPUs(plan.Client)}) {
+		t.Errorf("this process's threads may run on CPUs %v after the start, want only the client's %s", got, formatCPUs(plan.Client))
 	}
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
