@@ -11,6 +11,7 @@ import (
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
+	"herald.dev/libs/service/watchmux"
 )
 
 // Bounds of the internal watch server.
@@ -64,9 +65,19 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		return nil, err
 	}
 	p.Admin.AddReadyCheck("cache-connection", conns.Connected)
+	// Frontdoor carries many watches over one stream of a session
+	// (watchmux); a frontdoor without sessions asks for each on its own.
+	sessions := &watchmux.Server{Handler: handler, Log: p.Log}
+	routes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == watchmux.Path {
+			sessions.ServeHTTP(w, r)
+			return
+		}
+		handler.ServeHTTP(w, r)
+	})
 	srv := &service.HTTPServer{
 		Server: &http.Server{
-			Handler:           handler,
+			Handler:           routes,
 			TLSConfig:         serverTLS,
 			Protocols:         service.ServerProtocols(),
 			HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},
@@ -79,6 +90,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		Grace:     shutdownGrace,
 		WriteHold: cfg.WriteHold,
 	}
+	srv.Server.RegisterOnShutdown(sessions.Shutdown)
 	starting := func(context.Context) error {
 		if err := srv.Listen(); err != nil {
 			return err

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/service/watchmux"
 )
 
 // testCA is a certificate authority for tests.
@@ -220,13 +221,35 @@ func statusOf(t testing.TB, b []byte) (int32, string, string) {
 
 func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOnError) }
 
-// newFanoutFake is a stand-in fanout replica speaking what the real one
-// does: HTTP/1.1 and HTTP/2 without TLS (h2c).
-func newFanoutFake(h http.Handler) *httptest.Server {
-	srv := httptest.NewUnstartedServer(h)
+// fanoutFake is a stand-in fanout replica speaking what the real one does:
+// HTTP/1.1 and HTTP/2 without TLS (h2c), h serving every watch on its own
+// HTTP/2 stream or as a stream of a session (watchmux).
+type fanoutFake struct {
+	*httptest.Server
+	sessions *watchmux.Server
+}
+
+// Close ends the sessions (frontdoor keeps them open between watches), then
+// the server.
+func (f *fanoutFake) Close() {
+	f.sessions.Close()
+	f.Server.Close()
+}
+
+// newFanoutFake starts a fanoutFake.
+func newFanoutFake(h http.Handler) *fanoutFake {
+	sessions := &watchmux.Server{Handler: h}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == watchmux.Path {
+			sessions.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	srv.Config.RegisterOnShutdown(sessions.Shutdown)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
-	return srv
+	return &fanoutFake{Server: srv, sessions: sessions}
 }

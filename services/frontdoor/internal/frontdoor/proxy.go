@@ -29,6 +29,7 @@ import (
 	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
+	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 )
 
@@ -138,6 +139,10 @@ func (p *fanoutPool) shutdown() {
 		c.SetWriteDeadline(time.Now().Add(p.grace))
 	}
 }
+
+// sessionStreams is the watches a session to a replica carries (see
+// watchmux): each session has one writer in fanout and one reader here.
+const sessionStreams = 500
 
 // copyBufferSize is the size of the buffer a watch borrows to copy what
 // its replica has sent. The reverse proxy's 32 KB: under load a read carries
@@ -302,7 +307,9 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
 	}
-	p.transport = tr
+	// Watches go as streams of sessions (watchmux), one HTTP/2 stream
+	// carrying many; to a replica without sessions, each on its own.
+	p.transport = &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, Log: log}
 	p.streams = map[net.Conn]context.CancelFunc{}
 	p.noStreams = sync.NewCond(&p.streamsMu)
 	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }

@@ -22,7 +22,7 @@ import (
 
 // streamingFanout is a fanout replica whose watches send one event and then
 // stay open until the request ends; ended receives each watch's end.
-func streamingFanout(t *testing.T) (*httptest.Server, chan struct{}) {
+func streamingFanout(t *testing.T) (*fanoutFake, chan struct{}) {
 	ended := make(chan struct{}, 64)
 	srv := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", storage.MediaJSON)

@@ -1,0 +1,520 @@
+package watchmux
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxPending bounds what a session holds for its writer: a stream's write
+// waits while it is over (frontdoor reads the session slower than its
+// streams write).
+const maxPending = 4 << 20
+
+// Server serves sessions (at Path): each stream's request goes to Handler
+// as if it had come on its own HTTP/2 stream, with a context that ends when
+// frontdoor cancels the stream or the session ends.
+type Server struct {
+	Handler http.Handler
+	Log     *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	closing  bool
+}
+
+// Shutdown ends every session once its streams have ended (a fanout
+// replica ends its watches when it stops); a session opened after it gets
+// 503. Register it with http.Server.RegisterOnShutdown.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	for ss := range s.sessions {
+		ss.signal()
+	}
+}
+
+// errServerClosed ends the sessions of a closed server.
+var errServerClosed = errors.New("watchmux: server closed")
+
+// Close ends every session now, and their streams' requests' contexts; a
+// session asked for afterwards gets 503.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closing = true
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range sessions {
+		ss.fail(errServerClosed)
+	}
+}
+
+// ServeHTTP serves one session: it reads frontdoor's frames from the
+// request body and writes the streams' frames to the response, until
+// frontdoor ends the session (and its streams have ended), a write fails,
+// or the server shuts down and its streams have ended.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.ProtoMajor < 2 {
+		// A session needs a full-duplex stream.
+		http.Error(w, "watchmux: POST over HTTP/2 only", http.StatusMethodNotAllowed)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	ss := &session{srv: s, ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
+		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{}}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		cancel()
+		http.Error(w, "watchmux: shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	if s.sessions == nil {
+		s.sessions = map[*session]struct{}{}
+	}
+	s.sessions[ss] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, ss)
+		s.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", ContentType)
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		cancel()
+		return
+	}
+	go ss.read(r.Body)
+	ss.write(w, rc)
+	cancel()
+	ss.mu.Lock()
+	ss.finished = true // no stream starts now
+	ss.mu.Unlock()
+	ss.handlers.Wait()
+}
+
+// session is one session's state on the server.
+type session struct {
+	srv      *Server
+	ctx      context.Context // the streams' parent
+	cancel   context.CancelFunc
+	remote   string
+	handlers sync.WaitGroup
+
+	mu       sync.Mutex
+	out      []byte        // frames for the writer
+	spare    []byte        // the writer's last buffer, for out to reuse
+	wake     chan struct{} // (cap 1) the writer has something to do
+	drained  chan struct{} // closed when the writer takes out (then replaced)
+	streams  map[uint32]*stream
+	readEnd  bool  // frontdoor ended the session: no more streams
+	err      error // a write failed: nothing more is sent
+	finished bool  // the session's handler is returning
+}
+
+func (ss *session) signal() {
+	select {
+	case ss.wake <- struct{}{}:
+	default:
+	}
+}
+
+// write is the session's writer: it writes what the streams have appended,
+// all of it at once, until the session is done.
+func (ss *session) write(w io.Writer, rc *http.ResponseController) {
+	for {
+		ss.mu.Lock()
+		for len(ss.out) == 0 && !ss.doneLocked() {
+			ss.mu.Unlock()
+			select {
+			case <-ss.wake:
+			case <-ss.ctx.Done():
+				// The request's context: frontdoor reset the session, or
+				// the connection is gone.
+				ss.fail(ss.ctx.Err())
+				return
+			}
+			ss.mu.Lock()
+		}
+		if len(ss.out) == 0 {
+			ss.mu.Unlock()
+			return
+		}
+		buf := ss.out
+		ss.out, ss.spare = ss.spare[:0], nil
+		close(ss.drained)
+		ss.drained = make(chan struct{})
+		ss.mu.Unlock()
+		_, err := w.Write(buf)
+		if err == nil {
+			err = rc.Flush()
+		}
+		if err != nil {
+			ss.fail(err)
+			return
+		}
+		ss.mu.Lock()
+		if cap(buf) <= 2*maxPending {
+			ss.spare = buf[:0]
+		}
+		ss.mu.Unlock()
+	}
+}
+
+// doneLocked: the session has nothing more to send (its streams have ended
+// and none can start), or can send nothing.
+func (ss *session) doneLocked() bool {
+	if ss.err != nil {
+		return true
+	}
+	if len(ss.streams) > 0 {
+		return false
+	}
+	if ss.readEnd {
+		return true
+	}
+	ss.srv.mu.Lock()
+	defer ss.srv.mu.Unlock()
+	return ss.srv.closing
+}
+
+// fail ends the session: nothing more is written, and every stream's
+// context ends.
+func (ss *session) fail(err error) {
+	ss.mu.Lock()
+	if ss.err == nil {
+		ss.err = err
+		close(ss.drained)
+		ss.drained = make(chan struct{})
+	}
+	ss.mu.Unlock()
+	ss.cancel()
+}
+
+// read reads frontdoor's frames until the request body ends.
+func (ss *session) read(body io.Reader) {
+	br := bufio.NewReaderSize(body, 16<<10)
+	err := ss.readFrames(br)
+	if err != nil && !errors.Is(err, io.EOF) && ss.ctx.Err() == nil {
+		ss.srv.logger().Warn("watchmux session ended", "remote", ss.remote, "err", err)
+	}
+	ss.mu.Lock()
+	ss.readEnd = true
+	streams := make([]*stream, 0, len(ss.streams))
+	for _, st := range ss.streams {
+		streams = append(streams, st)
+	}
+	ss.mu.Unlock()
+	// Frontdoor is gone (or ended the session): so are its clients.
+	for _, st := range streams {
+		st.cancel()
+	}
+	if errors.Is(err, errProtocol) {
+		ss.fail(err)
+	}
+	ss.signal()
+}
+
+func (ss *session) readFrames(br *bufio.Reader) error {
+	for {
+		t, id, n, err := readHeader(br)
+		if err != nil {
+			return err
+		}
+		switch t {
+		case frameOpen:
+			payload := make([]byte, n)
+			if _, err := io.ReadFull(br, payload); err != nil {
+				return err
+			}
+			if err := ss.open(id, payload); err != nil {
+				return err
+			}
+		case frameCredit:
+			var p [4]byte
+			if _, err := io.ReadFull(br, p[:n]); err != nil {
+				return err
+			}
+			if n != 4 {
+				return fmt.Errorf("%w: credit of %d bytes", errProtocol, n)
+			}
+			ss.credit(id, int64(binary.BigEndian.Uint32(p[:])))
+		case frameCancel:
+			ss.mu.Lock()
+			st := ss.streams[id]
+			ss.mu.Unlock()
+			if st != nil {
+				st.cancel()
+			}
+		default:
+			return fmt.Errorf("%w: %v from the client", errProtocol, t)
+		}
+	}
+}
+
+// open starts stream id's request on the server's handler.
+func (ss *session) open(id uint32, head []byte) error {
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+	if err != nil {
+		return fmt.Errorf("%w: stream %d: %v", errProtocol, id, err)
+	}
+	ctx, cancel := context.WithCancel(ss.ctx)
+	req = req.WithContext(ctx)
+	req.RemoteAddr = ss.remote
+	st := &stream{ss: ss, id: id, cancel: cancel, ctx: ctx, credit: window,
+		header: http.Header{}, creditAdded: make(chan struct{}, 1), deadlineSet: make(chan struct{}, 1)}
+	ss.mu.Lock()
+	if _, dup := ss.streams[id]; dup {
+		ss.mu.Unlock()
+		cancel()
+		return fmt.Errorf("%w: stream %d opened twice", errProtocol, id)
+	}
+	if ss.finished || ss.err != nil {
+		// The session is ending: the client's reader sees its end and
+		// fails the stream, which is retried elsewhere.
+		ss.mu.Unlock()
+		cancel()
+		return nil
+	}
+	ss.streams[id] = st
+	ss.handlers.Add(1)
+	ss.mu.Unlock()
+	go st.serve(req)
+	return nil
+}
+
+// credit adds n to stream id's credit.
+func (ss *session) credit(id uint32, n int64) {
+	ss.mu.Lock()
+	st := ss.streams[id]
+	if st != nil {
+		st.credit = min(st.credit+n, window)
+	}
+	ss.mu.Unlock()
+	if st != nil {
+		select {
+		case st.creditAdded <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.Default()
+}
+
+// stream is one request's http.ResponseWriter: its head and body go to the
+// session as frames.
+type stream struct {
+	ss     *session
+	id     uint32
+	ctx    context.Context
+	cancel context.CancelFunc
+	header http.Header
+
+	wroteHeader bool // the handler's goroutine's
+
+	credit      int64         // under ss.mu
+	creditAdded chan struct{} // (cap 1) credit was added
+
+	deadline    atomic.Int64  // of writes, in Unix nanoseconds (0: none)
+	deadlineSet chan struct{} // (cap 1) the deadline changed
+}
+
+// serve runs the handler, then ends the stream.
+func (st *stream) serve(req *http.Request) {
+	ss := st.ss
+	defer ss.handlers.Done()
+	end := []byte(nil)
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				if v != http.ErrAbortHandler {
+					ss.srv.logger().Error("watchmux: handler panicked", "stream", st.id, "panic", v)
+				}
+				end = []byte(fmt.Sprint(v))
+			}
+		}()
+		ss.srv.Handler.ServeHTTP(st, req)
+	}()
+	if !st.wroteHeader {
+		st.WriteHeader(http.StatusOK)
+	}
+	if end == nil && st.ctx.Err() != nil {
+		end = []byte(st.ctx.Err().Error())
+	}
+	ss.mu.Lock()
+	delete(ss.streams, st.id)
+	if ss.err == nil {
+		ss.out = appendFrame(ss.out, frameEnd, st.id, end)
+	}
+	ss.mu.Unlock()
+	ss.signal()
+	st.cancel()
+}
+
+func (st *stream) Header() http.Header { return st.header }
+
+func (st *stream) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http
+	}
+	if st.wroteHeader || code < 200 {
+		return // informational heads are not sent
+	}
+	st.wroteHeader = true
+	var head bytes.Buffer
+	head.WriteString("HTTP/1.1 ")
+	head.WriteString(strconv.Itoa(code))
+	head.WriteByte(' ')
+	head.WriteString(http.StatusText(code))
+	head.WriteString("\r\n")
+	st.header.Write(&head)
+	head.WriteString("\r\n")
+	ss := st.ss
+	ss.mu.Lock()
+	if ss.err == nil {
+		ss.out = appendFrame(ss.out, frameHead, st.id, head.Bytes())
+	}
+	ss.mu.Unlock()
+	ss.signal()
+}
+
+// Write sends p as data frames, as the stream's credit and the session's
+// bound allow: it waits for them until its context or its write deadline
+// ends.
+func (st *stream) Write(p []byte) (int, error) {
+	if !st.wroteHeader {
+		st.WriteHeader(http.StatusOK)
+	}
+	ss := st.ss
+	written := 0
+	for len(p) > 0 {
+		ss.mu.Lock()
+		if ss.err != nil {
+			ss.mu.Unlock()
+			return written, ss.err
+		}
+		if err := st.ctx.Err(); err != nil {
+			ss.mu.Unlock()
+			return written, err
+		}
+		if st.expired() {
+			// As on a connection: past its deadline, a write fails
+			// whether it would wait or not.
+			ss.mu.Unlock()
+			return written, os.ErrDeadlineExceeded
+		}
+		if st.credit > 0 && len(ss.out) < maxPending {
+			n := int(min(int64(len(p)), st.credit, maxData))
+			ss.out = appendFrame(ss.out, frameData, st.id, p[:n])
+			st.credit -= int64(n)
+			ss.mu.Unlock()
+			ss.signal()
+			p, written = p[n:], written+n
+			continue
+		}
+		wait := ss.drained
+		if st.credit <= 0 {
+			wait = st.creditAdded
+		}
+		ss.mu.Unlock()
+		if err := st.await(wait); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// await waits for ch, the end of the stream's context or its write
+// deadline.
+func (st *stream) await(ch <-chan struct{}) error {
+	for {
+		var (
+			expired <-chan time.Time
+			t       *time.Timer
+		)
+		if dl := st.deadline.Load(); dl != 0 {
+			d := time.Until(time.Unix(0, dl))
+			if d <= 0 {
+				return os.ErrDeadlineExceeded
+			}
+			t = time.NewTimer(d)
+			expired = t.C
+		}
+		var err error
+		again := false
+		select {
+		case <-ch:
+		case <-st.ctx.Done():
+			err = st.ctx.Err()
+		case <-expired:
+			err = os.ErrDeadlineExceeded
+		case <-st.deadlineSet:
+			again = true
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if !again {
+			return err
+		}
+	}
+}
+
+// expired reports whether the write deadline has passed.
+func (st *stream) expired() bool {
+	dl := st.deadline.Load()
+	return dl != 0 && time.Now().UnixNano() >= dl
+}
+
+// FlushError reports whether what was written can still be sent: the
+// session's writer sends it without being asked.
+func (st *stream) FlushError() error {
+	if !st.wroteHeader {
+		st.WriteHeader(http.StatusOK)
+	}
+	st.ss.mu.Lock()
+	defer st.ss.mu.Unlock()
+	if st.ss.err != nil {
+		return st.ss.err
+	}
+	return st.ctx.Err()
+}
+
+func (st *stream) Flush() { st.FlushError() }
+
+// SetWriteDeadline bounds the writes waiting now and later (zero: no
+// bound), as on a connection.
+func (st *stream) SetWriteDeadline(t time.Time) error {
+	var dl int64
+	if !t.IsZero() {
+		dl = t.UnixNano()
+	}
+	st.deadline.Store(dl)
+	select {
+	case st.deadlineSet <- struct{}{}:
+	default:
+	}
+	return nil
+}
