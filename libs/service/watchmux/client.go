@@ -118,12 +118,12 @@ func (c *Client) session(ctx context.Context, key string) (*clientSession, error
 
 // open opens a session to key for op.
 func (c *Client) open(key string, srv *server, op *opening) {
+	var resp *http.Response
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &clientSession{c: c, key: key, ctx: ctx, cancel: cancel, ctlWake: make(chan struct{}, 1), streams: map[uint32]*clientStream{}, next: 1}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, key+Path, &ctlBody{s})
 	if err == nil {
 		req.Header.Set("Content-Type", ContentType)
-		var resp *http.Response
 		timeout := c.OpenTimeout
 		if timeout <= 0 {
 			timeout = 10 * time.Second
@@ -131,14 +131,16 @@ func (c *Client) open(key string, srv *server, op *opening) {
 		timer := time.AfterFunc(timeout, cancel)
 		resp, err = c.Transport.RoundTrip(req)
 		switch {
-		case !timer.Stop() && err == nil:
+		case !timer.Stop():
 			err = fmt.Errorf("watchmux: no session within %s", timeout)
-		case err == nil && (resp.StatusCode != http.StatusOK || resp.ProtoMajor < 2 || resp.Header.Get("Content-Type") != ContentType):
+		case err != nil:
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			// A replica stopping: tried again with the next watch.
+			err = fmt.Errorf("watchmux: session refused (%s)", resp.Status)
+		case resp.StatusCode != http.StatusOK || resp.ProtoMajor < 2 || resp.Header.Get("Content-Type") != ContentType:
 			err = fmt.Errorf("%w (%s)", errNoSessions, resp.Status)
 		}
-		if err == nil {
-			go s.read(resp.Body)
-		} else if resp != nil {
+		if err != nil && resp != nil {
 			// The request's body ends first: closing the response waits
 			// for it.
 			cancel()
@@ -149,11 +151,13 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	srv.opening = nil
 	switch {
 	case err == nil:
+		// Listed before its reader starts, which drops it when it ends.
 		srv.sessions = append(srv.sessions, s)
 		op.s = s
+		go s.read(resp.Body)
 	case errors.Is(err, errNoSessions):
-		c.logger().Info("watchmux: server has no sessions, asking it without", "server", key, "for", c.Retry, "err", err)
-		srv.without = time.Now().Add(c.Retry)
+		c.logger().Info("watchmux: server has no sessions, asking it without", "server", key, "for", c.retry(), "err", err)
+		srv.without = time.Now().Add(c.retry())
 	}
 	op.err = err
 	c.mu.Unlock()
@@ -188,7 +192,27 @@ func (c *Client) drop(s *clientSession) {
 				break
 			}
 		}
+		if len(srv.sessions) == 0 && srv.opening == nil && time.Now().After(srv.without) {
+			delete(c.servers, s.key) // a replica gone for good is forgotten
+		}
 	}
+}
+
+// sessionIdle is how long a session without streams stays open.
+const sessionIdle = time.Minute
+
+func (c *Client) maxStreams() int {
+	if c.MaxStreams > 0 {
+		return c.MaxStreams
+	}
+	return 100
+}
+
+func (c *Client) retry() time.Duration {
+	if c.Retry > 0 {
+		return c.Retry
+	}
+	return time.Minute
 }
 
 func (c *Client) logger() *slog.Logger {
@@ -215,14 +239,45 @@ type clientSession struct {
 	ctlClosed bool
 	streams   map[uint32]*clientStream
 	next      uint32
-	err       error // the session ended
+	err       error       // the session ended
+	idle      *time.Timer // closes the session once it has had no streams for sessionIdle
+}
+
+// errIdle ends a session that had no streams for sessionIdle.
+var errIdle = errors.New("watchmux: session idle")
+
+// removeLocked forgets stream id, and arms the idle timer when it was the
+// last.
+func (s *clientSession) removeLocked(id uint32) {
+	delete(s.streams, id)
+	if len(s.streams) > 0 || s.err != nil {
+		return
+	}
+	if s.idle == nil {
+		s.idle = time.AfterFunc(sessionIdle, s.closeIfIdle)
+	} else {
+		s.idle.Reset(sessionIdle)
+	}
+}
+
+// closeIfIdle ends the session if it still has no streams.
+func (s *clientSession) closeIfIdle() {
+	s.mu.Lock()
+	idle := len(s.streams) == 0 && s.err == nil
+	if idle {
+		s.err = errIdle // no stream starts now
+	}
+	s.mu.Unlock()
+	if idle {
+		s.cancel()
+	}
 }
 
 // room reports whether s can take another stream.
 func (s *clientSession) room() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.err == nil && len(s.streams) < s.c.MaxStreams && s.next < 1<<31
+	return s.err == nil && len(s.streams) < s.c.maxStreams() && s.next < 1<<31
 }
 
 // send queues frames built by add.
@@ -257,17 +312,24 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	st := &clientStream{s: s, ctx: ctx, wake: make(chan struct{}, 1)}
 	s.mu.Lock()
+	if errors.Is(s.err, errIdle) {
+		s.mu.Unlock()
+		return nil, errFull // closed as idle meanwhile: another session
+	}
 	if s.err != nil {
 		s.mu.Unlock()
 		return nil, s.err
 	}
-	if len(s.streams) >= s.c.MaxStreams || s.next >= 1<<31 {
+	if len(s.streams) >= s.c.maxStreams() || s.next >= 1<<31 {
 		s.mu.Unlock()
 		return nil, errFull
 	}
 	st.id = s.next
 	s.next++
 	s.streams[st.id] = st
+	if s.idle != nil {
+		s.idle.Stop()
+	}
 	s.ctl = appendFrame(s.ctl, frameOpen, st.id, head.Bytes())
 	s.mu.Unlock()
 	select {
@@ -279,6 +341,7 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := st.resp, st.err
 		st.mu.Unlock()
 		if resp != nil {
+			resp.Request = req // as the HTTP/2 transport's response
 			return resp, nil
 		}
 		if err != nil {
@@ -306,17 +369,22 @@ func (s *clientSession) read(body io.ReadCloser) {
 	}
 	s.c.drop(s)
 	s.mu.Lock()
-	s.err = err
+	if s.err == nil {
+		s.err = err
+	}
 	streams := s.streams
 	s.streams = nil
 	s.ctl = nil
+	if s.idle != nil {
+		s.idle.Stop()
+	}
 	s.mu.Unlock()
-	// The request's body ends first: closing the response waits for it.
-	s.cancel()
-	body.Close()
 	for _, st := range streams {
 		st.end(err)
 	}
+	// The request's body ends first: closing the response waits for it.
+	s.cancel()
+	body.Close()
 }
 
 func (s *clientSession) stream(id uint32) *clientStream {
@@ -353,7 +421,7 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 			st.signal()
 		case frameData:
 			st := s.stream(id)
-			if st == nil {
+			if st == nil || n == 0 {
 				if _, err := br.Discard(n); err != nil {
 					return err
 				}
@@ -364,7 +432,9 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 				putBuf(b)
 				return err
 			}
-			st.push(b)
+			if !st.push(b) {
+				return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
+			}
 		case frameEnd:
 			payload := make([]byte, n)
 			if _, err := io.ReadFull(br, payload); err != nil {
@@ -372,7 +442,9 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 			}
 			s.mu.Lock()
 			st := s.streams[id]
-			delete(s.streams, id)
+			if st != nil {
+				s.removeLocked(id)
+			}
 			s.mu.Unlock()
 			if st != nil {
 				end := io.EOF
@@ -401,6 +473,9 @@ func (b *ctlBody) Read(p []byte) (int, error) {
 		if len(s.ctl) > 0 {
 			n := copy(p, s.ctl)
 			s.ctl = s.ctl[:copy(s.ctl, s.ctl[n:])]
+			if len(s.ctl) == 0 && cap(s.ctl) > 64<<10 {
+				s.ctl = nil
+			}
 			s.mu.Unlock()
 			return n, nil
 		}
@@ -458,25 +533,21 @@ func (st *clientStream) signal() {
 	}
 }
 
-// push adds data the server sent.
-func (st *clientStream) push(b []byte) {
+// push adds data the server sent; false if that is more than the stream's
+// credit allowed.
+func (st *clientStream) push(b []byte) bool {
 	st.mu.Lock()
 	if st.closed || st.err != nil {
 		st.mu.Unlock()
 		putBuf(b)
-		return
+		return true
 	}
 	st.bufs = append(st.bufs, b)
 	st.buffered += len(b)
 	over := st.buffered > window
 	st.mu.Unlock()
-	if over {
-		// More than its credit: the server broke the flow control.
-		st.end(fmt.Errorf("%w: stream %d sent past its window", errProtocol, st.id))
-		st.Close()
-		return
-	}
 	st.signal()
+	return !over
 }
 
 // end records the body's end; what was sent before it is still read.
@@ -558,14 +629,15 @@ func (st *clientStream) Close() error {
 		putBuf(b)
 	}
 	st.bufs, st.buffered = nil, 0
-	ended := st.err != nil
 	st.mu.Unlock()
 	s := st.s
 	s.mu.Lock()
 	_, open := s.streams[st.id]
-	delete(s.streams, st.id)
+	if open {
+		s.removeLocked(st.id)
+	}
 	s.mu.Unlock()
-	if open && !ended {
+	if open { // the server has not ended it
 		s.send(func(b []byte) []byte { return appendFrame(b, frameCancel, st.id, nil) })
 	}
 	return nil

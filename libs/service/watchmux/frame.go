@@ -87,6 +87,11 @@ const (
 	maxHead = 1 << 20
 	// maxData bounds a data frame: a longer write is sent in pieces.
 	maxData = 256 << 10
+	// maxEnd bounds what an end frame says of a failure.
+	maxEnd = 1 << 10
+	// maxSessionStreams bounds a session's open streams (frontdoor opens
+	// at most 500).
+	maxSessionStreams = 10000
 )
 
 // errProtocol is a session's peer breaking the framing: the session ends.

@@ -124,9 +124,10 @@ type session struct {
 	wake     chan struct{} // (cap 1) the writer has something to do
 	drained  chan struct{} // closed when the writer takes out (then replaced)
 	streams  map[uint32]*stream
-	readEnd  bool  // frontdoor ended the session: no more streams
-	err      error // a write failed: nothing more is sent
-	finished bool  // the session's handler is returning
+	lastID   uint32 // the last stream opened (the reader's)
+	readEnd  bool   // frontdoor ended the session: no more streams
+	err      error  // a write failed: nothing more is sent
+	finished bool   // the session's handler is returning
 }
 
 func (ss *session) signal() {
@@ -275,16 +276,30 @@ func (ss *session) open(id uint32, head []byte) error {
 	if err != nil {
 		return fmt.Errorf("%w: stream %d: %v", errProtocol, id, err)
 	}
+	if id <= ss.lastID {
+		return fmt.Errorf("%w: stream %d opened after %d", errProtocol, id, ss.lastID)
+	}
+	ss.lastID = id
+	ss.srv.mu.Lock()
+	closing := ss.srv.closing
+	ss.srv.mu.Unlock()
 	ctx, cancel := context.WithCancel(ss.ctx)
 	req = req.WithContext(ctx)
 	req.RemoteAddr = ss.remote
 	st := &stream{ss: ss, id: id, cancel: cancel, ctx: ctx, credit: window,
 		header: http.Header{}, creditAdded: make(chan struct{}, 1), deadlineSet: make(chan struct{}, 1)}
 	ss.mu.Lock()
-	if _, dup := ss.streams[id]; dup {
+	if len(ss.streams) >= maxSessionStreams {
 		ss.mu.Unlock()
 		cancel()
-		return fmt.Errorf("%w: stream %d opened twice", errProtocol, id)
+		return fmt.Errorf("%w: more than %d streams", errProtocol, maxSessionStreams)
+	}
+	if closing && !ss.finished && ss.err == nil {
+		// Shutting down: the request fails at once (no head), and the
+		// client retries it on another replica.
+		ss.mu.Unlock()
+		st.end("watchmux: the server is shutting down")
+		return nil
 	}
 	if ss.finished || ss.err != nil {
 		// The session is ending: the client's reader sees its end and
@@ -345,28 +360,41 @@ type stream struct {
 func (st *stream) serve(req *http.Request) {
 	ss := st.ss
 	defer ss.handlers.Done()
-	end := []byte(nil)
+	var end string
 	func() {
 		defer func() {
 			if v := recover(); v != nil {
 				if v != http.ErrAbortHandler {
 					ss.srv.logger().Error("watchmux: handler panicked", "stream", st.id, "panic", v)
 				}
-				end = []byte(fmt.Sprint(v))
+				end = fmt.Sprint(v)
 			}
 		}()
 		ss.srv.Handler.ServeHTTP(st, req)
 	}()
-	if !st.wroteHeader {
+	// A handler that aborted before its head sends none: the client's
+	// request fails (and is retried elsewhere), as when net/http resets the
+	// stream.
+	if !st.wroteHeader && end == "" {
 		st.WriteHeader(http.StatusOK)
 	}
-	if end == nil && st.ctx.Err() != nil {
-		end = []byte(st.ctx.Err().Error())
+	if end == "" && st.ctx.Err() != nil {
+		end = st.ctx.Err().Error()
+	}
+	st.end(end)
+}
+
+// end sends the stream's end (why it failed; empty: the body's end) and
+// forgets it.
+func (st *stream) end(why string) {
+	ss := st.ss
+	if len(why) > maxEnd {
+		why = why[:maxEnd]
 	}
 	ss.mu.Lock()
 	delete(ss.streams, st.id)
 	if ss.err == nil {
-		ss.out = appendFrame(ss.out, frameEnd, st.id, end)
+		ss.out = appendFrame(ss.out, frameEnd, st.id, []byte(why))
 	}
 	ss.mu.Unlock()
 	ss.signal()
@@ -392,6 +420,12 @@ func (st *stream) WriteHeader(code int) {
 	st.header.Write(&head)
 	head.WriteString("\r\n")
 	ss := st.ss
+	if head.Len() > maxHead {
+		// The client would end the session: this stream fails alone.
+		ss.srv.logger().Error("watchmux: response head too large", "stream", st.id, "bytes", head.Len())
+		st.cancel()
+		return
+	}
 	ss.mu.Lock()
 	if ss.err == nil {
 		ss.out = appendFrame(ss.out, frameHead, st.id, head.Bytes())

@@ -165,6 +165,9 @@ func TestStatusPassesThrough(t *testing.T) {
 	c, _ := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	defer resp.Body.Close()
+	if resp.Request == nil || resp.Request.URL.Path != "/x" {
+		t.Fatalf("the response's request: %v", resp.Request)
+	}
 	body, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusGone || resp.Header.Get("Content-Type") != "application/json" || string(body) != `{"kind":"Status","code":410}` || err != nil {
 		t.Fatalf("got %d %v %q %v", resp.StatusCode, resp.Header, body, err)
@@ -238,6 +241,30 @@ func TestWriteAfterDeadline(t *testing.T) {
 	}
 }
 
+// TestAbortBeforeHead: a handler that aborts before its head fails the
+// request (as a reset HTTP/2 stream does, so that it is retried
+// elsewhere), and the session goes on.
+func TestAbortBeforeHead(t *testing.T) {
+	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("name") == "abort" {
+			panic(http.ErrAbortHandler)
+		}
+		io.WriteString(w, "ok\n")
+	}))
+	c, ct := client(t, 8)
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x?name=abort", nil)
+	if resp, err := c.RoundTrip(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("aborted before its head: %d, want an error", resp.StatusCode)
+	}
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ok\n" || err != nil || ct.requests(http.MethodPost) != 1 {
+		t.Fatalf("next request: %q %v, %d sessions", b, err, ct.requests(http.MethodPost))
+	}
+}
+
 // TestCancel: closing a body, or ending its request's context, ends the
 // server's request context; the session stays for other streams.
 func TestCancel(t *testing.T) {
@@ -280,9 +307,9 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// TestSessionEnds: when the server ends its sessions, a stream's body
-// fails once what was sent is read, and, sessions being refused, the next
-// request goes on its own stream.
+// TestSessionEnds: when the server closes its sessions, a stream's body
+// fails once what was sent is read, and the next request fails too (a
+// closed server refuses sessions; frontdoor retries on another replica).
 func TestSessionEnds(t *testing.T) {
 	srv, mux := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "first\n")
@@ -300,13 +327,13 @@ func TestSessionEnds(t *testing.T) {
 		t.Fatalf("read after the session ended: %v, want its failure", err)
 	}
 	resp.Body.Close()
-	resp = get(t, c, context.Background(), srv.URL+"/x")
-	defer resp.Body.Close()
-	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != "first\n" || err != nil {
-		t.Fatalf("after the sessions ended: %q %v", line, err)
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x", nil)
+	if late, err := c.RoundTrip(req); err == nil {
+		late.Body.Close()
+		t.Fatalf("after Close: %d, want an error", late.StatusCode)
 	}
-	if g, p := ct.requests(http.MethodGet), ct.requests(http.MethodPost); g != 1 || p != 2 {
-		t.Fatalf("%d requests on their own stream and %d sessions asked for, want 1 and 2", g, p)
+	if g, p := ct.requests(http.MethodGet), ct.requests(http.MethodPost); g != 0 || p != 2 {
+		t.Fatalf("%d requests on their own stream and %d sessions asked for, want 0 and 2", g, p)
 	}
 }
 
@@ -398,8 +425,9 @@ func TestServerWithoutSessions(t *testing.T) {
 	}
 }
 
-// TestShutdownEndsSessions: Shutdown ends a session once its streams have
-// ended, and a session asked for afterwards is refused.
+// TestShutdownEndsSessions: after Shutdown, a stream opened on a session
+// fails at once (the client retries it elsewhere), the session ends once
+// its streams have, and a session asked for afterwards is refused.
 func TestShutdownEndsSessions(t *testing.T) {
 	stop := make(chan struct{})
 	srv, mux := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -411,22 +439,27 @@ func TestShutdownEndsSessions(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	}))
-	c, _ := client(t, 8)
+	c, ct := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	mux.Shutdown()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x", nil)
+	if late, err := c.RoundTrip(req); err == nil {
+		late.Body.Close()
+		t.Fatalf("a stream opened after Shutdown: %d, want an error", late.StatusCode)
+	}
 	close(stop)
 	b, err := io.ReadAll(resp.Body)
 	if string(b) != "bye\n" || err != nil {
 		t.Fatalf("%q %v", b, err)
 	}
 	resp.Body.Close()
-	// The session ended with its last stream: a new one is refused, and
-	// the request goes on its own.
 	c2, ct2 := client(t, 8)
-	resp = get(t, c2, context.Background(), srv.URL+"/x")
-	resp.Body.Close()
-	if ct2.requests(http.MethodGet) != 1 {
-		t.Fatalf("after shutdown: %d requests on their own stream, want 1", ct2.requests(http.MethodGet))
+	if late, err := c2.RoundTrip(req); err == nil {
+		late.Body.Close()
+		t.Fatalf("after Shutdown: %d, want the session refused", late.StatusCode)
+	}
+	if ct.requests(http.MethodGet)+ct2.requests(http.MethodGet) != 0 {
+		t.Fatal("a refused session's request went on its own stream")
 	}
 }
 
