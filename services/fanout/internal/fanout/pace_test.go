@@ -34,8 +34,9 @@ func (w *writeRecorder) Write(b []byte) (int, error) {
 
 // TestBusyWatchGathersEvents: a watch woken within watch.write-coalesce of
 // its last write waits out the rest of it and writes everything queued
-// meanwhile in one write, in order; after a quiet spell the next event is
-// written at once; a queue that reaches half its bound is written at once.
+// meanwhile in one write, in order, and keeps that cadence while events
+// come; after a quiet spell the next event is written at once; a queue that
+// reaches half its bound is written at once.
 func TestBusyWatchGathersEvents(t *testing.T) {
 	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
 	if err != nil {
@@ -101,14 +102,26 @@ func TestBusyWatchGathersEvents(t *testing.T) {
 	clk.Step(every)
 	expect(<-w.writes, 2, 3, 4, 5) // one write, in order
 
+	// Still busy: it waits out the next interval at once, and gathers
+	// what comes meanwhile.
+	parked()
+	enqueue(6, 7)
+	select {
+	case b := <-w.writes:
+		t.Fatalf("written within the interval: %s", b)
+	default:
+	}
+	clk.Step(every)
+	expect(<-w.writes, 6, 7)
+
 	clk.Step(every) // quiet for the interval: at once again
-	enqueue(6)
-	expect(<-w.writes, 6)
+	enqueue(8)
+	expect(<-w.writes, 8)
 
 	// Busy, but the queue reaches half its bound (50 of 100 events) while
 	// the writer waits: written then, without waiting out the interval.
 	var burst []int64
-	for rev := int64(7); rev < 7+50; rev++ {
+	for rev := int64(9); rev < 9+50; rev++ {
 		burst = append(burst, rev)
 	}
 	enqueue(burst[0])

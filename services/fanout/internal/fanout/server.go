@@ -463,20 +463,36 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 	// after its last write waits out the rest, then writes all that was
 	// queued meanwhile at once. At 100 events/s and 50 ms that is one
 	// write of ~5 events where there were five, in fanout and in frontdoor
-	// (one HTTP/2 frame, one read, one TLS record, one syscall each): the
+	// (one frame, one read, one TLS record, one syscall each): the
 	// per-delivery cost that dominates a broadcast. A quiet watch (a
 	// kubelet's) is written to at once. Order and the queue's bounds are
 	// unchanged: events wait in the queue, which overflows as it always
 	// does.
+	//
+	// A watch that had to wait (busy) waits out the next interval right
+	// after its write, without listening to wake: the events queued
+	// meanwhile do not wake it, so it is woken once per write instead of
+	// twice (by the interval's first event, then by the timer). If the
+	// interval brought nothing, it goes back to waiting for wake, and the
+	// next event is written at once.
 	var (
 		lastWrite time.Time
 		pace      clock.Timer
+		due       <-chan time.Time // the busy watch's timer; nil: not busy
 	)
 	defer func() {
 		if pace != nil {
 			pace.Stop()
 		}
 	}()
+	arm := func(wait time.Duration) {
+		if pace == nil {
+			pace = s.clock.NewTimer(wait)
+		} else {
+			pace.Reset(wait)
+		}
+		due = pace.C()
+	}
 	// drain writes everything queued, including what is queued while it
 	// writes (one write and one flush for the batch, see
 	// stream.out), and keeps the batch's buffer only if it is small: an
@@ -505,7 +521,25 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		}
 		return n
 	}
+	// write drains and flushes; a busy watch (one that was paced) waits out
+	// the next interval from here.
+	write := func(busy bool) {
+		start := s.clock.Now()
+		n := drain()
+		st.flush()
+		if n == 0 {
+			return
+		}
+		lastWrite = start
+		if busy {
+			arm(s.cfg.WriteCoalesce)
+		}
+	}
 	for st.err == nil {
+		wake := wt.wake
+		if due != nil {
+			wake = nil // busy: the timer writes what comes meanwhile
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -523,33 +557,28 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			}
 			st.flush()
 			return
-		case <-wt.wake:
+		case <-wake:
 			n, half := wt.level()
 			if n == 0 {
-				continue // taken by the last drain already
+				continue // taken by the last write already
 			}
 			if wait := s.cfg.WriteCoalesce - s.clock.Since(lastWrite); wait > 0 && !half {
-				if pace == nil {
-					pace = s.clock.NewTimer(wait)
-				} else {
-					pace.Reset(wait)
-				}
-				select {
-				case <-pace.C():
-				case <-wt.wake:
-					// The queue reached half its bound (see watcher.wake):
-					// write now rather than overflow it.
-				case <-ctx.Done():
-					return
-				case <-wt.done:
-					continue // the loop delivers what is queued and ends
-				}
+				arm(wait) // busy: gather until then
+				continue
 			}
-			start := s.clock.Now()
-			if drain() > 0 {
-				lastWrite = start
+			write(false)
+		case <-due:
+			due = nil
+			write(true)
+		case <-wt.full:
+			// The queue reached half its bound: write now rather than
+			// overflow it, and keep the busy watch's cadence.
+			busy := due != nil
+			if busy {
+				pace.Stop()
+				due = nil
 			}
-			st.flush()
+			write(busy)
 		case <-tick:
 			// Everything up to the hub's head has been queued; write it,
 			// then the bookmark. Unless the watcher was closed meanwhile:

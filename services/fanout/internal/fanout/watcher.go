@@ -41,13 +41,15 @@ type watcher struct {
 	// idle watcher ~16 KB). wake (capacity 1) tells the writer there is
 	// something to take: it is signalled when an event lands in an empty
 	// queue (the writer takes everything, so every event is behind a
-	// signal it has not consumed yet) and again when the queue reaches half
-	// its bound in events or bytes, so that a writer waiting to gather
-	// events (Server.serve) writes before the queue overflows.
+	// signal it has not consumed yet). full (capacity 1) is signalled when
+	// the queue reaches half its bound in events or bytes, so that a writer
+	// waiting to gather events (Server.serve), which does not listen to
+	// wake meanwhile, writes before the queue overflows.
 	mu       sync.Mutex
 	pending  []queued
 	max      int
 	wake     chan struct{}
+	full     chan struct{}
 	maxBytes int64
 	bytes    atomic.Int64
 
@@ -62,7 +64,7 @@ type watcher struct {
 }
 
 func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
-	return &watcher{sel: sel, max: events, wake: make(chan struct{}, 1), maxBytes: int64(bytes), done: make(chan struct{})}
+	return &watcher{sel: sel, max: events, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), maxBytes: int64(bytes), done: make(chan struct{})}
 }
 
 // enqueue hands the watcher one event; false means the watcher is closed.
@@ -81,15 +83,23 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 	}
 	w.pending = append(w.pending, queued{it, t})
 	k := len(w.pending)
-	signal := k == 1 || (w.half(k, total) && !w.half(k-1, total-n))
+	full := w.half(k, total) && !w.half(k-1, total-n)
 	w.mu.Unlock()
-	if signal {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+	if k == 1 {
+		signal(w.wake)
+	}
+	if full {
+		signal(w.full)
 	}
 	return true
+}
+
+// signal fills ch (capacity 1) unless it is full already.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // take returns everything queued, in order, and gives the queue reuse
