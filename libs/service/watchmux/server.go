@@ -22,9 +22,11 @@ import (
 // streams write).
 const maxPending = 4 << 20
 
-// Server serves sessions (at Path): each stream's request goes to Handler
-// as if it had come on its own HTTP/2 stream, with a context that ends when
-// frontdoor cancels the stream or the session ends.
+// Server serves sessions at Path: each stream's request goes to Handler as
+// if it had come on its own HTTP/2 stream, with a context that ends when
+// frontdoor cancels the stream or the session ends. Every other request
+// goes to Handler as it came (a frontdoor without sessions, or one that
+// fell back to a watch per stream).
 type Server struct {
 	Handler http.Handler
 	Log     *slog.Logger
@@ -64,11 +66,15 @@ func (s *Server) Close() {
 	}
 }
 
-// ServeHTTP serves one session: it reads frontdoor's frames from the
+// ServeHTTP serves a request at Path as one session: it reads frontdoor's frames from the
 // request body and writes the streams' frames to the response, until
 // frontdoor ends the session (and its streams have ended), a write fails,
 // or the server shuts down and its streams have ended.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != Path {
+		s.Handler.ServeHTTP(w, r)
+		return
+	}
 	if r.Method != http.MethodPost || r.ProtoMajor < 2 {
 		// A session needs a full-duplex stream.
 		http.Error(w, "watchmux: POST over HTTP/2 only", http.StatusMethodNotAllowed)

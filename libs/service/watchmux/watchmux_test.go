@@ -28,13 +28,7 @@ func serve(t *testing.T, sessions bool, h http.Handler) (*httptest.Server, *Serv
 	root := h
 	if sessions {
 		mux = &Server{Handler: h}
-		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == Path {
-				mux.ServeHTTP(w, r)
-				return
-			}
-			h.ServeHTTP(w, r)
-		})
+		root = mux
 	}
 	srv := httptest.NewUnstartedServer(root)
 	srv.Config.Protocols = service.ServerProtocols()
@@ -422,6 +416,40 @@ func TestServerWithoutSessions(t *testing.T) {
 	}
 	if g, p := ct.requests(http.MethodGet), ct.requests(http.MethodPost); g != 3 || p != 1 {
 		t.Fatalf("%d GETs on their own stream and %d sessions asked for, want 3 and 1", g, p)
+	}
+}
+
+// TestOtherPathsGoToHandler: a request on its own HTTP/2 stream (a
+// frontdoor that fell back to a watch per stream) reaches Handler as it
+// came; a GET at Path is not a session.
+func TestOtherPathsGoToHandler(t *testing.T) {
+	srv, _ := serve(t, true, lines(2))
+	rt := &http.Transport{Protocols: service.ClientProtocols()}
+	t.Cleanup(rt.CloseIdleConnections)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		body         string
+	}{
+		{http.MethodGet, "/api/v1/pods?name=a", http.StatusOK, "a 0 \na 1 x\n"},
+		{http.MethodGet, Path, http.StatusMethodNotAllowed, "watchmux: POST over HTTP/2 only\n"},
+	} {
+		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || string(b) != tc.body {
+			t.Fatalf("%s %s: %d %q %v, want %d %q", tc.method, tc.path, resp.StatusCode, b, err, tc.status, tc.body)
+		}
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("%s %s: HTTP/%d, want HTTP/2", tc.method, tc.path, resp.ProtoMajor)
+		}
 	}
 }
 

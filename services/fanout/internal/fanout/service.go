@@ -68,16 +68,9 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	// Frontdoor carries many watches over one stream of a session
 	// (watchmux); a frontdoor without sessions asks for each on its own.
 	sessions := &watchmux.Server{Handler: handler, Log: p.Log}
-	routes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == watchmux.Path {
-			sessions.ServeHTTP(w, r)
-			return
-		}
-		handler.ServeHTTP(w, r)
-	})
 	srv := &service.HTTPServer{
 		Server: &http.Server{
-			Handler:           routes,
+			Handler:           sessions,
 			TLSConfig:         serverTLS,
 			Protocols:         service.ServerProtocols(),
 			HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},

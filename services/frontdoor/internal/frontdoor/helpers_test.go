@@ -18,6 +18,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,30 +227,76 @@ func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOn
 // HTTP/2 stream or as a stream of a session (watchmux).
 type fanoutFake struct {
 	*httptest.Server
-	sessions *watchmux.Server
+	sessions *watchmux.Server // nil: a replica without sessions
+	// ownStream, inSession: the requests h served on their own HTTP/2
+	// stream, and as streams of a session.
+	ownStream, inSession atomic.Int64
+}
+
+// servedAs fails t unless every request the replica served came as the
+// replica's kind makes frontdoor send it, and at least one came.
+func (f *fanoutFake) servedAs(t *testing.T, sessions bool) {
+	t.Helper()
+	own, in := f.ownStream.Load(), f.inSession.Load()
+	if sessions && (own != 0 || in == 0) || !sessions && (in != 0 || own == 0) {
+		t.Fatalf("replica with sessions %v served %d requests on their own stream and %d in sessions", sessions, own, in)
+	}
 }
 
 // Close ends the sessions (frontdoor keeps them open between watches), then
 // the server.
 func (f *fanoutFake) Close() {
-	f.sessions.Close()
+	if f.sessions != nil {
+		f.sessions.Close()
+	}
 	f.Server.Close()
 }
 
 // newFanoutFake starts a fanoutFake.
-func newFanoutFake(h http.Handler) *fanoutFake {
-	sessions := &watchmux.Server{Handler: h}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == watchmux.Path {
-			sessions.ServeHTTP(w, r)
-			return
+func newFanoutFake(h http.Handler) *fanoutFake { return newReplicaFake(true, h) }
+
+// replicaKinds runs f against a replica with sessions and one without
+// (where frontdoor carries each watch on its own HTTP/2 stream).
+func replicaKinds(t *testing.T, f func(t *testing.T, sessions bool)) {
+	for _, sessions := range []bool{true, false} {
+		name := "sessions"
+		if !sessions {
+			name = "stream-per-watch"
+		}
+		t.Run(name, func(t *testing.T) { f(t, sessions) })
+	}
+}
+
+// newReplicaFake starts a fanoutFake; without sessions, it answers a
+// request for one with a 404, as a replica of an earlier version does.
+func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
+	f := &fanoutFake{}
+	// A session's streams arrive as HTTP/1.1 requests (their heads are
+	// HTTP/1.1's); a request on its own stream is HTTP/2's.
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 {
+			f.ownStream.Add(1)
+		} else {
+			f.inSession.Add(1)
 		}
 		h.ServeHTTP(w, r)
+	})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == watchmux.Path {
+			http.NotFound(w, r)
+			return
+		}
+		counted.ServeHTTP(w, r)
 	}))
-	srv.Config.RegisterOnShutdown(sessions.Shutdown)
+	if sessions {
+		f.sessions = &watchmux.Server{Handler: counted}
+		srv.Config.Handler = f.sessions
+		srv.Config.RegisterOnShutdown(f.sessions.Shutdown)
+	}
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
-	return &fanoutFake{Server: srv, sessions: sessions}
+	f.Server = srv
+	return f
 }

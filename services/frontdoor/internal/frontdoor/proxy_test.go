@@ -85,8 +85,12 @@ func TestWatchForwardedAsParsed(t *testing.T) {
 // resourceVersion but relists after an aborted one (a relist storm when a
 // replica carrying thousands of informers dies).
 func TestWatchEndsCleanlyWhenReplicaDies(t *testing.T) {
+	replicaKinds(t, testWatchEndsCleanlyWhenReplicaDies)
+}
+
+func testWatchEndsCleanlyWhenReplicaDies(t *testing.T, sessions bool) {
 	const line = `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","namespace":"ns1","resourceVersion":"7"}}}` + "\n"
-	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fan := newReplicaFake(sessions, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte(line))
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler) // the replica dies: its connection is cut
@@ -106,6 +110,7 @@ func TestWatchEndsCleanlyWhenReplicaDies(t *testing.T) {
 	if resp.StatusCode != 200 || err != nil || string(body) != line {
 		t.Fatalf("watch through a dying replica: %d, %q, %v (want 200, the event, a clean end)", resp.StatusCode, body, err)
 	}
+	fan.servedAs(t, sessions)
 }
 
 // TestIdleWatchHoldsNoCopyBuffer: a watch borrows a copy buffer only while
