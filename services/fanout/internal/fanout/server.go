@@ -522,8 +522,16 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		return n
 	}
 	// write drains and flushes; a busy watch (one that was paced) waits out
-	// the next interval from here.
+	// the rest of the next interval from here. A write that took the whole
+	// interval (a client slow to read) leaves it waiting for wake: what came
+	// meanwhile is behind a signal already, and is written at once.
 	write := func(busy bool) {
+		// What full signalled is taken now; a signal from here on is for
+		// what comes after.
+		select {
+		case <-wt.full:
+		default:
+		}
 		start := s.clock.Now()
 		n := drain()
 		st.flush()
@@ -531,8 +539,8 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			return
 		}
 		lastWrite = start
-		if busy {
-			arm(s.cfg.WriteCoalesce)
+		if wait := s.cfg.WriteCoalesce - s.clock.Since(start); busy && wait > 0 {
+			arm(wait)
 		}
 	}
 	for st.err == nil {

@@ -228,16 +228,18 @@ func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOn
 type fanoutFake struct {
 	*httptest.Server
 	sessions *watchmux.Server // nil: a replica without sessions
-	// ownStream, inSession: the requests h served on their own HTTP/2
-	// stream, and as streams of a session.
-	ownStream, inSession atomic.Int64
+	// ownStream: the requests h served that came on their own HTTP/2
+	// stream; served: all it served (the rest came as streams of a
+	// session).
+	ownStream, served atomic.Int64
 }
 
 // servedAs fails t unless every request the replica served came as the
 // replica's kind makes frontdoor send it, and at least one came.
 func (f *fanoutFake) servedAs(t *testing.T, sessions bool) {
 	t.Helper()
-	own, in := f.ownStream.Load(), f.inSession.Load()
+	own := f.ownStream.Load()
+	in := f.served.Load() - own
 	if sessions && (own != 0 || in == 0) || !sessions && (in != 0 || own == 0) {
 		t.Fatalf("replica with sessions %v served %d requests on their own stream and %d in sessions", sessions, own, in)
 	}
@@ -271,26 +273,30 @@ func replicaKinds(t *testing.T, f func(t *testing.T, sessions bool)) {
 // request for one with a 404, as a replica of an earlier version does.
 func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
 	f := &fanoutFake{}
-	// A session's streams arrive as HTTP/1.1 requests (their heads are
-	// HTTP/1.1's); a request on its own stream is HTTP/2's.
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ProtoMajor == 2 {
-			f.ownStream.Add(1)
-		} else {
-			f.inSession.Add(1)
-		}
+		f.served.Add(1)
 		h.ServeHTTP(w, r)
 	})
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// What reaches the server's handler (but a session) came on its own
+	// stream; a session's streams go from the session to counted.
+	var root http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == watchmux.Path {
-			http.NotFound(w, r)
+			http.NotFound(w, r) // no sessions here
 			return
 		}
 		counted.ServeHTTP(w, r)
-	}))
+	})
 	if sessions {
 		f.sessions = &watchmux.Server{Handler: counted}
-		srv.Config.Handler = f.sessions
+		root = f.sessions
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != watchmux.Path {
+			f.ownStream.Add(1)
+		}
+		root.ServeHTTP(w, r)
+	}))
+	if sessions {
 		srv.Config.RegisterOnShutdown(f.sessions.Shutdown)
 	}
 	srv.Config.Protocols = new(http.Protocols)
