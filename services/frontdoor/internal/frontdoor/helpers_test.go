@@ -279,16 +279,18 @@ func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
 	})
 	// What reaches the server's handler (but a session) came on its own
 	// stream; a session's streams go from the session to counted.
-	var root http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == watchmux.Path {
-			http.NotFound(w, r) // no sessions here
-			return
-		}
-		counted.ServeHTTP(w, r)
-	})
+	var root http.Handler
 	if sessions {
 		f.sessions = &watchmux.Server{Handler: counted}
 		root = f.sessions
+	} else {
+		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == watchmux.Path {
+				http.NotFound(w, r) // no sessions here
+				return
+			}
+			counted.ServeHTTP(w, r)
+		})
 	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != watchmux.Path {
