@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -124,6 +125,7 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, key+Path, &ctlBody{s})
 	if err == nil {
 		req.Header.Set("Content-Type", ContentType)
+		req.Header.Set(SharedHeader, "1")
 		timeout := c.OpenTimeout
 		if timeout <= 0 {
 			timeout = 10 * time.Second
@@ -151,6 +153,9 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	srv.opening = nil
 	switch {
 	case err == nil:
+		if resp.Header.Get(SharedHeader) == "1" {
+			s.shared = &sharedBytes{}
+		}
 		// Listed before its reader starts, which drops it when it ends.
 		srv.sessions = append(srv.sessions, s)
 		op.s = s
@@ -241,6 +246,13 @@ type clientSession struct {
 	next      uint32
 	err       error       // the session ended
 	idle      *time.Timer // closes the session once it has had no streams for sessionIdle
+
+	// shared: the shared bytes the server sent that it may still refer
+	// to (nil: the session does not use them); refBuf, refs: a refs
+	// frame, and the bytes it refers to. The reader's only.
+	shared *sharedBytes
+	refBuf [4 * maxRefs]byte
+	refs   [][]byte
 }
 
 // errIdle ends a session that had no streams for sessionIdle.
@@ -435,6 +447,37 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 			if !st.push(b) {
 				return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
 			}
+		case frameShared:
+			if s.shared == nil || id != s.shared.next() {
+				return fmt.Errorf("%w: shared bytes %d unexpected", errProtocol, id)
+			}
+			b := make([]byte, n)
+			if _, err := io.ReadFull(br, b); err != nil {
+				return err
+			}
+			s.shared.add(b, nil)
+		case frameRefs:
+			if s.shared == nil || n%4 != 0 {
+				return fmt.Errorf("%w: refs of %d bytes unexpected", errProtocol, n)
+			}
+			p := s.refBuf[:n]
+			if _, err := io.ReadFull(br, p); err != nil {
+				return err
+			}
+			s.refs = s.refs[:0]
+			for i := 0; i < n; i += 4 {
+				num := binary.BigEndian.Uint32(p[i:])
+				b, ok := s.shared.get(num)
+				if !ok {
+					return fmt.Errorf("%w: stream %d refers to shared bytes %d, not kept", errProtocol, id, num)
+				}
+				s.refs = append(s.refs, b)
+			}
+			st := s.stream(id)
+			if st != nil && !st.pushShared(s.refs) {
+				return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
+			}
+			clear(s.refs)
 		case frameEnd:
 			payload := make([]byte, n)
 			if _, err := io.ReadFull(br, payload); err != nil {
@@ -518,7 +561,7 @@ type clientStream struct {
 
 	mu       sync.Mutex
 	resp     *http.Response
-	bufs     [][]byte // data not read yet; bufs[0] from off
+	bufs     []chunk // data not read yet; bufs[0] from off
 	off      int
 	buffered int
 	consumed int   // read since the last credit
@@ -533,8 +576,21 @@ func (st *clientStream) signal() {
 	}
 }
 
-// push adds data the server sent; false if that is more than the stream's
-// credit allowed.
+// chunk is data the server sent: a pooled buffer (getBuf) of a data frame,
+// or shared bytes, which are never modified.
+type chunk struct {
+	b      []byte
+	pooled bool
+}
+
+func (c chunk) release() {
+	if c.pooled {
+		putBuf(c.b)
+	}
+}
+
+// push adds data the server sent (a pooled buffer, which the stream now
+// owns); false if that is more than the stream's credit allowed.
 func (st *clientStream) push(b []byte) bool {
 	st.mu.Lock()
 	if st.closed || st.err != nil {
@@ -542,8 +598,29 @@ func (st *clientStream) push(b []byte) bool {
 		putBuf(b)
 		return true
 	}
-	st.bufs = append(st.bufs, b)
+	st.bufs = append(st.bufs, chunk{b: b, pooled: true})
 	st.buffered += len(b)
+	over := st.buffered > window
+	st.mu.Unlock()
+	st.signal()
+	return !over
+}
+
+// pushShared adds the shared bytes of a refs frame, in order; false if that
+// is more than the stream's credit allowed.
+func (st *clientStream) pushShared(bs [][]byte) bool {
+	st.mu.Lock()
+	if st.closed || st.err != nil {
+		st.mu.Unlock()
+		return true
+	}
+	if st.bufs == nil {
+		st.bufs = make([]chunk, 0, len(bs))
+	}
+	for _, b := range bs {
+		st.bufs = append(st.bufs, chunk{b: b})
+		st.buffered += len(b)
+	}
 	over := st.buffered > window
 	st.mu.Unlock()
 	st.signal()
@@ -577,12 +654,12 @@ func (st *clientStream) Read(p []byte) (int, error) {
 			}
 			n := 0
 			for n < len(p) && len(st.bufs) > 0 {
-				c := copy(p[n:], st.bufs[0][st.off:])
+				c := copy(p[n:], st.bufs[0].b[st.off:])
 				n += c
 				st.off += c
-				if st.off == len(st.bufs[0]) {
-					putBuf(st.bufs[0])
-					st.bufs[0] = nil
+				if st.off == len(st.bufs[0].b) {
+					st.bufs[0].release()
+					st.bufs[0] = chunk{}
 					st.bufs = st.bufs[1:]
 					st.off = 0
 				}
@@ -625,8 +702,8 @@ func (st *clientStream) Close() error {
 		return nil
 	}
 	st.closed = true
-	for _, b := range st.bufs {
-		putBuf(b)
+	for _, c := range st.bufs {
+		c.release()
 	}
 	st.bufs, st.buffered = nil, 0
 	st.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // maxPending bounds what a session holds for its writer: a stream's write
@@ -83,6 +84,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	ss := &session{srv: s, ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
 		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{}}
+	if r.Header.Get(SharedHeader) == "1" {
+		ss.shared = map[*byte]sharedNum{}
+		w.Header().Set(SharedHeader, "1")
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -134,6 +139,80 @@ type session struct {
 	readEnd  bool   // frontdoor ended the session: no more streams
 	err      error  // a write failed: nothing more is sent
 	finished bool   // the session's handler is returning
+
+	// shared: the numbers of the shared bytes frontdoor keeps (sent), by
+	// their first byte; nil: the session does not use shared bytes. A
+	// pointer names the bytes: sent keeps them alive (so no other slice
+	// gets their address), Go does not move heap memory, and shared
+	// bytes never change; the length tells a prefix from the whole.
+	shared map[*byte]sharedNum
+	sent   sharedBytes
+}
+
+// sharedNum is the number of shared bytes of length n.
+type sharedNum struct {
+	num uint32
+	n   int
+}
+
+// shareableLocked reports whether sg goes by reference.
+func (ss *session) shareableLocked(sg Segment) bool {
+	return ss.shared != nil && sg.Shared && len(sg.B) >= minShared && len(sg.B) <= maxData
+}
+
+// sharedLocked returns the number of b's bytes, sending them first (a
+// shared frame) if frontdoor does not keep them.
+func (ss *session) sharedLocked(b []byte) uint32 {
+	key := unsafe.SliceData(b)
+	if e, ok := ss.shared[key]; ok && e.n == len(b) {
+		return e.num
+	}
+	num := ss.sent.next()
+	ss.out = appendFrame(ss.out, frameShared, num, b)
+	ss.sent.add(b, func(gone uint32, g []byte) {
+		if k := unsafe.SliceData(g); ss.shared[k].num == gone {
+			delete(ss.shared, k)
+		}
+	})
+	ss.shared[key] = sharedNum{num: num, n: len(b)}
+	return num
+}
+
+// appendSegmentsLocked appends stream id's segments to the frames to send:
+// a run of shareable ones as a refs frame, the rest as data frames.
+func (ss *session) appendSegmentsLocked(id uint32, segs []Segment) {
+	refs, data := -1, -1 // the refs or data frame being filled: its offset in out
+	for _, sg := range segs {
+		if len(sg.B) == 0 {
+			continue
+		}
+		if ss.shareableLocked(sg) {
+			data = -1
+			before := len(ss.out)
+			num := ss.sharedLocked(sg.B)
+			if len(ss.out) != before {
+				refs = -1 // refers to what frontdoor kept before the shared frame: ended
+			}
+			if refs < 0 || frameLen(ss.out, refs) >= 4*maxRefs {
+				refs = len(ss.out)
+				ss.out = appendFrame(ss.out, frameRefs, id, nil)
+			}
+			ss.out = binary.BigEndian.AppendUint32(ss.out, num)
+			growFrame(ss.out, refs, 4)
+			continue
+		}
+		refs = -1
+		for b := sg.B; len(b) > 0; {
+			if data < 0 || frameLen(ss.out, data) >= maxData {
+				data = len(ss.out)
+				ss.out = appendFrame(ss.out, frameData, id, nil)
+			}
+			n := min(len(b), maxData-frameLen(ss.out, data))
+			ss.out = append(ss.out, b[:n]...)
+			growFrame(ss.out, data, n)
+			b = b[n:]
+		}
+	}
 }
 
 func (ss *session) signal() {
@@ -451,19 +530,9 @@ func (st *stream) Write(p []byte) (int, error) {
 	written := 0
 	for len(p) > 0 {
 		ss.mu.Lock()
-		if ss.err != nil {
-			ss.mu.Unlock()
-			return written, ss.err
-		}
-		if err := st.ctx.Err(); err != nil {
+		if err := st.failedLocked(); err != nil {
 			ss.mu.Unlock()
 			return written, err
-		}
-		if st.expired() {
-			// As on a connection: past its deadline, a write fails
-			// whether it would wait or not.
-			ss.mu.Unlock()
-			return written, os.ErrDeadlineExceeded
 		}
 		if st.credit > 0 && len(ss.out) < maxPending {
 			n := int(min(int64(len(p)), st.credit, maxData))
@@ -484,6 +553,89 @@ func (st *stream) Write(p []byte) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+// Segment is part of a stream's write (SegmentWriter).
+type Segment struct {
+	B []byte
+	// Shared: B is never modified, and other streams of the session may
+	// write the same B (a watch event's encoding, made once for every
+	// watch): the session may send its bytes once and refer to them.
+	Shared bool
+}
+
+// SegmentWriter is a session stream's http.ResponseWriter: fanout writes a
+// watch's batch of events as segments, so that a session sends each
+// event's encoding once, however many of its streams write it.
+type SegmentWriter interface {
+	// WriteSegments writes the segments' bytes, in order, as one Write of
+	// them all would, in one hand-off to the session's writer when the
+	// stream's credit allows.
+	WriteSegments(segs []Segment) (int, error)
+}
+
+var _ SegmentWriter = (*stream)(nil)
+
+func (st *stream) WriteSegments(segs []Segment) (int, error) {
+	if !st.wroteHeader {
+		st.WriteHeader(http.StatusOK)
+	}
+	total := 0
+	for _, sg := range segs {
+		total += len(sg.B)
+	}
+	ss := st.ss
+	for total <= window {
+		ss.mu.Lock()
+		if err := st.failedLocked(); err != nil {
+			ss.mu.Unlock()
+			return 0, err
+		}
+		if st.credit >= int64(total) && len(ss.out) < maxPending {
+			ss.appendSegmentsLocked(st.id, segs)
+			st.credit -= int64(total)
+			ss.mu.Unlock()
+			ss.signal()
+			return total, nil
+		}
+		// Waits as Write does, and sends the segments at once (a
+		// congested session is when sending shared bytes once matters
+		// most).
+		wait := ss.drained
+		if st.credit < int64(total) {
+			wait = st.creditAdded
+		}
+		ss.mu.Unlock()
+		if err := st.await(wait); err != nil {
+			return 0, err
+		}
+	}
+	// More than a stream's whole window: Write sends it in pieces.
+	written := 0
+	for _, sg := range segs {
+		n, err := st.Write(sg.B)
+		written += n
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// failedLocked is why the stream cannot be written to now: the session
+// failed, the stream's context ended, or its write deadline passed (as on
+// a connection, a write fails then whether it would wait or not).
+func (st *stream) failedLocked() error {
+	if st.ss.err != nil {
+		return st.ss.err
+	}
+	if err := st.ctx.Err(); err != nil {
+		return err
+	}
+	if st.expired() {
+		return os.ErrDeadlineExceeded
+	}
+	return nil
 }
 
 // await waits for ch, the end of the stream's context or its write

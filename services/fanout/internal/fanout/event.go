@@ -30,6 +30,11 @@ type item struct {
 	// (set before dispatch); traced: a stream has written its trace line.
 	tp     string
 	traced atomic.Bool
+
+	// shared: a hub's item, which every watcher of the resource may write
+	// (a catch-up's is its stream's alone): a session sends its encodings
+	// once (stream.event).
+	shared bool
 }
 
 func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }

@@ -147,7 +147,9 @@ func (h *hub) flush(evs []*heraldv1.Event) {
 	for i, ev := range evs {
 		through = max(through, ev.Revision)
 		if ev.Type != heraldv1.EventType_BOOKMARK {
-			h.dispatchTraced(newItem(ev))
+			it := newItem(ev)
+			it.shared = true
+			h.dispatchTraced(it)
 		}
 		if last := i == len(evs)-1; (last || evs[i+1].Revision != ev.Revision) && through > h.head.Load() {
 			h.head.Store(through)

@@ -36,6 +36,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
+	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 )
 
@@ -264,6 +265,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Add("Vary", "Accept-Encoding")
 		st.gz = newGzipStream(w)
 		defer st.gz.Close()
+	}
+	if st.gz == nil {
+		st.sw = segmentWriter(w)
 	}
 	// Trace lines are lines: only in a JSON stream.
 	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
@@ -631,14 +635,82 @@ type stream struct {
 	out     *[]byte
 	batches *sync.Pool
 
+	// sw: the stream of a session (watchmux), uncompressed: a batch is
+	// written as segments, the hub's events' encodings by reference, so
+	// that the session sends each once however many of its watches write
+	// it. parts is the batch (its own bytes in out), pending its bytes,
+	// segs the segments given to sw.
+	sw      watchmux.SegmentWriter
+	parts   []part
+	pending int
+	segs    []watchmux.Segment
+
 	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
 	traceLines bool
+}
+
+// part is a segment of a stream's batch: shared bytes, or out[from:to].
+type part struct {
+	shared   []byte
+	from, to int
+}
+
+// segmentWriter returns w's SegmentWriter, if it or one it wraps is one.
+func segmentWriter(w http.ResponseWriter) watchmux.SegmentWriter {
+	for {
+		switch x := w.(type) {
+		case watchmux.SegmentWriter:
+			return x
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return nil
+		}
+	}
+}
+
+// add adds b to the batch of a stream with segments: by reference if
+// shared (never modified, and written by other streams too), else copied.
+func (st *stream) add(b []byte, shared bool) {
+	if st.err != nil {
+		return
+	}
+	if st.pending+len(b) > batchBytes {
+		st.writeOut()
+		if st.err != nil {
+			return
+		}
+	}
+	if shared {
+		st.parts = append(st.parts, part{shared: b})
+		st.pending += len(b)
+		return
+	}
+	if len(b) >= batchBytes {
+		st.write(b) // large enough on its own: no copy
+		return
+	}
+	if st.out == nil {
+		st.out = getBatch(st.batches)
+	}
+	from := len(*st.out)
+	*st.out = append(*st.out, b...)
+	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].to == from {
+		st.parts[n-1].to = len(*st.out)
+	} else {
+		st.parts = append(st.parts, part{from: from, to: len(*st.out)})
+	}
+	st.pending += len(b)
 }
 
 // raw adds b to the stream's pending batch; flush (or a full batch) writes
 // it.
 func (st *stream) raw(b []byte) {
 	if st.err != nil {
+		return
+	}
+	if st.sw != nil {
+		st.add(b, false)
 		return
 	}
 	if st.out == nil {
@@ -656,11 +728,45 @@ func (st *stream) raw(b []byte) {
 
 // writeOut writes the pending batch in one write.
 func (st *stream) writeOut() {
+	if st.sw != nil {
+		st.writeParts()
+		return
+	}
 	if st.out != nil && len(*st.out) > 0 {
 		st.write(*st.out)
 		*st.out = (*st.out)[:0]
 		st.count()
 	}
+}
+
+// writeParts writes the batch of a stream with segments in one write.
+func (st *stream) writeParts() {
+	if len(st.parts) == 0 {
+		return
+	}
+	segs := st.segs[:0]
+	for _, p := range st.parts {
+		if p.shared != nil {
+			segs = append(segs, watchmux.Segment{B: p.shared, Shared: true})
+		} else {
+			segs = append(segs, watchmux.Segment{B: (*st.out)[p.from:p.to]})
+		}
+	}
+	if st.err == nil {
+		_, st.err = st.sw.WriteSegments(segs)
+	}
+	// No references kept: an idle watcher pins no event's encoding, and
+	// keeps the slices of a small batch only.
+	clear(segs)
+	clear(st.parts)
+	st.segs, st.parts, st.pending = segs[:0], st.parts[:0], 0
+	if cap(st.segs) > 16 {
+		st.segs, st.parts = nil, nil
+	}
+	if st.out != nil {
+		*st.out = (*st.out)[:0]
+	}
+	st.count()
 }
 
 // count adds the events written since the last count to the resource's
@@ -700,7 +806,11 @@ func (st *stream) event(it *item, t kube.Transition) {
 	if tl := st.traceLine(it); tl != nil {
 		st.raw(tl)
 	}
-	st.raw(b)
+	if st.sw != nil {
+		st.add(b, it.shared)
+	} else {
+		st.raw(b)
+	}
 	if st.err != nil {
 		return
 	}

@@ -156,20 +156,20 @@ type copyBuffers struct {
 	lent atomic.Int64
 }
 
-func (c *copyBuffers) Get() []byte {
+// Get lends a buffer; Put takes it back by the same pointer, so that
+// lending allocates nothing.
+func (c *copyBuffers) Get() *[]byte {
 	c.lent.Add(1)
 	if b, ok := c.pool.Get().(*[]byte); ok {
-		return *b
+		return b
 	}
-	return make([]byte, copyBufferSize)
+	b := make([]byte, copyBufferSize)
+	return &b
 }
 
-func (c *copyBuffers) Put(b []byte) {
+func (c *copyBuffers) Put(b *[]byte) {
 	c.lent.Add(-1)
-	if cap(b) == copyBufferSize {
-		b = b[:copyBufferSize]
-		c.pool.Put(&b)
-	}
+	c.pool.Put(b)
 }
 
 // backend is one fanout replica.
@@ -818,7 +818,8 @@ func (s *detachedStream) run(head []byte) {
 		if _, err := body.Read(nil); err != nil {
 			break
 		}
-		buf := p.buffers.Get()
+		bp := p.buffers.Get()
+		buf := *bp
 		n, rerr := body.Read(buf[chunkRoom : len(buf)-2])
 		var werr error
 		if n > 0 {
@@ -830,7 +831,7 @@ func (s *detachedStream) run(head []byte) {
 			buf[chunkRoom+n], buf[chunkRoom+n+1] = '\r', '\n'
 			_, werr = s.conn.Write(buf[from : chunkRoom+n+2])
 		}
-		p.buffers.Put(buf)
+		p.buffers.Put(bp)
 		if werr != nil {
 			return
 		}
@@ -870,15 +871,15 @@ func (p *fanoutPool) copyStream(w http.ResponseWriter, body io.Reader) error {
 		if _, err := body.Read(nil); err != nil {
 			return nil
 		}
-		buf := p.buffers.Get()
-		n, rerr := body.Read(buf)
+		bp := p.buffers.Get()
+		n, rerr := body.Read(*bp)
 		var werr error
 		if n > 0 {
-			if _, werr = w.Write(buf[:n]); werr == nil {
+			if _, werr = w.Write((*bp)[:n]); werr == nil {
 				werr = rc.Flush()
 			}
 		}
-		p.buffers.Put(buf)
+		p.buffers.Put(bp)
 		if werr != nil {
 			return werr
 		}

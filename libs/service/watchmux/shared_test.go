@@ -1,0 +1,353 @@
+package watchmux
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"herald.dev/libs/service"
+)
+
+// blobs returns n distinct shared byte slices of size bytes each.
+func blobs(n, size int) [][]byte {
+	bs := make([][]byte, n)
+	for i := range bs {
+		bs[i] = bytes.Repeat([]byte{byte('a' + i%26)}, size)
+		copy(bs[i], fmt.Sprintf("<%d>", i))
+	}
+	return bs
+}
+
+// segmented writes writes of a line of its own and then two of shared,
+// as segments, each write flushed: shared[i % n], which an earlier write
+// of the stream or another stream may have sent, then shared[(3i+1) % n],
+// often one not sent yet (the session ends a refs frame to send it).
+func segmented(shared [][]byte, writes int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw, ok := w.(SegmentWriter)
+		if !ok {
+			http.Error(w, "not a SegmentWriter", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		name := r.URL.Query().Get("name")
+		for i := range writes {
+			own := []byte(name + " " + strconv.Itoa(i) + "\n")
+			segs := []Segment{{B: own}, {B: shared[i%len(shared)], Shared: true}, {B: shared[(3*i+1)%len(shared)], Shared: true}}
+			if _, err := sw.WriteSegments(segs); err != nil {
+				return
+			}
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				return
+			}
+		}
+	})
+}
+
+func segmentedBody(name string, shared [][]byte, writes int) string {
+	var b strings.Builder
+	for i := range writes {
+		b.WriteString(name + " " + strconv.Itoa(i) + "\n")
+		b.Write(shared[i%len(shared)])
+		b.Write(shared[(3*i+1)%len(shared)])
+	}
+	return b.String()
+}
+
+// wireCounter counts the bytes of session responses read, and can drop
+// SharedHeader from session requests (a frontdoor that does not know it).
+type wireCounter struct {
+	rt         http.RoundTripper
+	dropShared bool
+	bytes      atomic.Int64
+	shared     atomic.Int32 // sessions whose response said shared
+}
+
+func (c *wireCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost && c.dropShared {
+		r = r.Clone(r.Context())
+		r.Header.Del(SharedHeader)
+	}
+	resp, err := c.rt.RoundTrip(r)
+	if err == nil && r.Method == http.MethodPost {
+		if resp.Header.Get(SharedHeader) == "1" {
+			c.shared.Add(1)
+		}
+		resp.Body = &countingBody{ReadCloser: resp.Body, n: &c.bytes}
+	}
+	return resp, err
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// readAll reads the streams' bodies concurrently and checks each against
+// want(name).
+func readAll(t *testing.T, c *Client, url string, streams int, want func(name string) string) int {
+	t.Helper()
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+	)
+	errs := make(chan error, streams)
+	for i := range streams {
+		wg.Go(func() {
+			name := "w" + strconv.Itoa(i)
+			resp := get(t, c, context.Background(), url+"?name="+name)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			total.Add(int64(len(body)))
+			if err != nil || resp.StatusCode != http.StatusOK {
+				errs <- fmt.Errorf("%s: %d, %v", name, resp.StatusCode, err)
+				return
+			}
+			if w := want(name); string(body) != w {
+				errs <- fmt.Errorf("%s: %d bytes, want %d; differ from byte %d", name, len(body), len(w), firstDiff(string(body), w))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	return int(total.Load())
+}
+
+func firstDiff(a, b string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// TestSharedSegments: streams of one session that write the same shared
+// bytes each get every byte of their body, in order, while the session
+// carries the shared bytes about once: also when they are more than both
+// ends keep (the oldest are forgotten and sent again, so that the session
+// carries about what it would as data), by size and by number.
+func TestSharedSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		shared        [][]byte
+		writes        int
+		maxWireFactor float64 // wire bytes at most this times the body bytes
+	}{
+		{"few", blobs(5, 2000), 200, 0.2},
+		{"prefixes of one another", func() [][]byte {
+			b := blobs(1, 2000)[0]
+			return [][]byte{b[:200], b[:300], b[:1000], b} // one of them kept at a time: sent again
+		}(), 200, 1.1},
+		{"more than the window's bytes", blobs(30, 100<<10), 60, 1.1},
+		{"more than the window's number", blobs(maxShared+500, minShared), 2 * (maxShared + 500), 1.1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const streams = 8
+			srv, _ := serve(t, true, segmented(tc.shared, tc.writes))
+			wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
+			c := &Client{Transport: wc, MaxStreams: streams}
+			t.Cleanup(c.Close)
+			body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, tc.shared, tc.writes) })
+			if wc.shared.Load() != 1 {
+				t.Fatalf("%d sessions said shared, want 1", wc.shared.Load())
+			}
+			if wire := wc.bytes.Load(); float64(wire) > tc.maxWireFactor*float64(body) {
+				t.Errorf("the session carried %d bytes for %d bytes of bodies, want at most %.1fx", wire, body, tc.maxWireFactor)
+			}
+		})
+	}
+}
+
+// TestSharedNeedsBothEnds: a session whose client did not ask for shared
+// bytes (an older frontdoor) gets them as data.
+func TestSharedNeedsBothEnds(t *testing.T) {
+	const streams, writes = 4, 50
+	shared := blobs(3, 1000)
+	srv, _ := serve(t, true, segmented(shared, writes))
+	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropShared: true}
+	c := &Client{Transport: wc, MaxStreams: streams}
+	t.Cleanup(c.Close)
+	body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
+	if wc.shared.Load() != 0 {
+		t.Fatalf("%d sessions said shared to a client that did not ask", wc.shared.Load())
+	}
+	if wire := wc.bytes.Load(); wire < int64(body) {
+		t.Errorf("the session carried %d bytes for %d bytes of bodies: not as data", wire, body)
+	}
+}
+
+// TestRefsToBytesNotKept: a server that refers to shared bytes the client
+// does not keep (or sends shared bytes out of order) breaks the session:
+// the stream's body fails, it does not end as if complete.
+func TestRefsToBytesNotKept(t *testing.T) {
+	ref := func(nums ...uint32) []byte {
+		var p []byte
+		for _, n := range nums {
+			p = binary.BigEndian.AppendUint32(p, n)
+		}
+		return p
+	}
+	blob := bytes.Repeat([]byte("b"), minShared)
+	for _, tc := range []struct {
+		name   string
+		frames []byte
+	}{
+		{"never sent", appendFrame(nil, frameRefs, 1, ref(1))},
+		{"after the last", appendFrame(appendFrame(nil, frameShared, 1, blob), frameRefs, 1, ref(2))},
+		{"out of order", appendFrame(nil, frameShared, 2, blob)},
+		{"refs of 3 bytes", appendFrame(appendFrame(nil, frameShared, 1, blob), frameRefs, 1, []byte{0, 0, 1})},
+		{"forgotten", func() []byte {
+			var b []byte
+			for n := range uint32(maxShared + 1) {
+				b = appendFrame(b, frameShared, n+1, blob)
+			}
+			return appendFrame(b, frameRefs, 1, ref(1))
+		}()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", ContentType)
+				w.Header().Set(SharedHeader, "1")
+				w.WriteHeader(http.StatusOK)
+				http.NewResponseController(w).Flush()
+				// The stream's head answers its open.
+				br := bufio.NewReader(r.Body)
+				if _, _, n, err := readHeader(br); err != nil {
+					return
+				} else if _, err := br.Discard(n); err != nil {
+					return
+				}
+				w.Write(appendFrame(nil, frameHead, 1, []byte("HTTP/1.1 200 OK\r\n\r\n")))
+				w.Write(tc.frames)
+				http.NewResponseController(w).Flush()
+				<-r.Context().Done()
+			}))
+			c, _ := client(t, 8)
+			resp := get(t, c, context.Background(), srv.URL+"/x")
+			defer resp.Body.Close()
+			_, err := io.ReadAll(resp.Body)
+			if err == nil || !errors.Is(err, errProtocol) {
+				t.Fatalf("the body ended with %v, want a protocol error", err)
+			}
+		})
+	}
+}
+
+// TestSharedBytesForget: both ends forget the oldest shared bytes first,
+// by total size and by number.
+func TestSharedBytesForget(t *testing.T) {
+	var s sharedBytes
+	var forgot []uint32
+	forget := func(n uint32, _ []byte) { forgot = append(forgot, n) }
+	big := make([]byte, sharedWindow/4)
+	for range 4 {
+		s.add(big, forget)
+	}
+	if len(forgot) != 0 || s.next() != 5 {
+		t.Fatalf("forgot %v with the window just full, next %d", forgot, s.next())
+	}
+	s.add(make([]byte, 1), forget)
+	if _, ok := s.get(1); ok || len(forgot) != 1 || forgot[0] != 1 {
+		t.Fatalf("one byte past the window: forgot %v", forgot)
+	}
+	for n := uint32(2); n <= 5; n++ {
+		if _, ok := s.get(n); !ok {
+			t.Fatalf("%d forgotten too", n)
+		}
+	}
+	var c sharedBytes
+	for range maxShared + 1 {
+		c.add([]byte{1}, nil)
+	}
+	if _, ok := c.get(1); ok {
+		t.Fatal("kept more than maxShared")
+	}
+	if _, ok := c.get(2); !ok {
+		t.Fatal("forgot more than the oldest")
+	}
+	// Numbers wrap around.
+	w := sharedBytes{forgot: math.MaxUint32 - 1}
+	for i := range 3 {
+		if n := w.next(); n != uint32(math.MaxUint32+i) {
+			t.Fatalf("number %d is %d", i, n)
+		}
+		w.add([]byte{byte(i)}, nil)
+	}
+	for i, n := range []uint32{math.MaxUint32, 0, 1} {
+		if b, ok := w.get(n); !ok || b[0] != byte(i) {
+			t.Fatalf("number %d: %v %v", n, b, ok)
+		}
+	}
+	if _, ok := w.get(2); ok {
+		t.Fatal("a number not sent yet is kept")
+	}
+	if _, ok := w.get(math.MaxUint32 - 1); ok {
+		t.Fatal("a forgotten number is kept")
+	}
+}
+
+// TestSharedWaitsForCredit: a stream whose client stops reading until the
+// stream's credit is spent gets, once it reads, every byte of its body,
+// shared segments included, in order (the writes that waited for credit
+// went as refs too).
+func TestSharedWaitsForCredit(t *testing.T) {
+	shared := blobs(4, 16<<10)
+	const writes = 2 * window / (16 << 10)
+	full := make(chan struct{})
+	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		sent := 0
+		for i := range writes {
+			b := shared[i%len(shared)]
+			if sent+len(b) > window && sent <= window {
+				close(full) // this write waits for credit
+			}
+			if _, err := sw.WriteSegments([]Segment{{B: b, Shared: true}}); err != nil {
+				return
+			}
+			sent += len(b)
+		}
+	}))
+	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
+	c := &Client{Transport: wc, MaxStreams: 8}
+	t.Cleanup(c.Close)
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	defer resp.Body.Close()
+	<-full
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for i := range writes {
+		want = append(want, shared[i%len(shared)]...)
+	}
+	if !bytes.Equal(body, want) {
+		t.Fatalf("%d bytes, want %d; differ from byte %d", len(body), len(want), firstDiff(string(body), string(want)))
+	}
+	if wire := wc.bytes.Load(); wire > int64(len(body))/10 {
+		t.Errorf("the session carried %d bytes for a body of %d: the writes that waited went as data", wire, len(body))
+	}
+}
