@@ -638,8 +638,8 @@ type stream struct {
 	// sw: the stream of a session (watchmux), uncompressed: a batch is
 	// written as segments, the hub's events' encodings by reference, so
 	// that the session sends each once however many of its watches write
-	// it. parts is the batch (its own bytes in out), pending its bytes,
-	// segs the segments given to sw.
+	// it. parts is then the batch (its own bytes in out), segs the
+	// segments given to sw. pending: the batch's bytes.
 	sw      watchmux.SegmentWriter
 	parts   []part
 	pending int
@@ -669,25 +669,27 @@ func segmentWriter(w http.ResponseWriter) watchmux.SegmentWriter {
 	}
 }
 
-// add adds b to the batch of a stream with segments: by reference if
-// shared (never modified, and written by other streams too), else copied.
+// raw adds the stream's own bytes to its pending batch (a copy); flush (or
+// a full batch) writes it.
+func (st *stream) raw(b []byte) { st.add(b, false) }
+
+// add adds b to the stream's pending batch. Shared bytes (an event's
+// encoding: never modified, and written by other watches too) go by
+// reference on a session's stream; everything else is copied into out.
 func (st *stream) add(b []byte, shared bool) {
 	if st.err != nil {
 		return
 	}
 	if st.pending+len(b) > batchBytes {
 		st.writeOut()
-		if st.err != nil {
+		if len(b) >= batchBytes {
+			st.write(b) // large enough on its own: no copy
 			return
 		}
 	}
-	if shared {
+	st.pending += len(b)
+	if shared && st.sw != nil {
 		st.parts = append(st.parts, part{shared: b})
-		st.pending += len(b)
-		return
-	}
-	if len(b) >= batchBytes {
-		st.write(b) // large enough on its own: no copy
 		return
 	}
 	if st.out == nil {
@@ -695,35 +697,14 @@ func (st *stream) add(b []byte, shared bool) {
 	}
 	from := len(*st.out)
 	*st.out = append(*st.out, b...)
+	if st.sw == nil {
+		return // out is the batch
+	}
 	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].to == from {
 		st.parts[n-1].to = len(*st.out)
 	} else {
 		st.parts = append(st.parts, part{from: from, to: len(*st.out)})
 	}
-	st.pending += len(b)
-}
-
-// raw adds b to the stream's pending batch; flush (or a full batch) writes
-// it.
-func (st *stream) raw(b []byte) {
-	if st.err != nil {
-		return
-	}
-	if st.sw != nil {
-		st.add(b, false)
-		return
-	}
-	if st.out == nil {
-		st.out = getBatch(st.batches)
-	}
-	if len(*st.out)+len(b) > batchBytes {
-		st.writeOut()
-		if len(b) >= batchBytes && st.err == nil {
-			st.write(b) // large enough on its own: no copy
-			return
-		}
-	}
-	*st.out = append(*st.out, b...)
 }
 
 // writeOut writes the pending batch in one write.
@@ -732,6 +713,7 @@ func (st *stream) writeOut() {
 		st.writeParts()
 		return
 	}
+	st.pending = 0
 	if st.out != nil && len(*st.out) > 0 {
 		st.write(*st.out)
 		*st.out = (*st.out)[:0]
@@ -806,11 +788,7 @@ func (st *stream) event(it *item, t kube.Transition) {
 	if tl := st.traceLine(it); tl != nil {
 		st.raw(tl)
 	}
-	if st.sw != nil {
-		st.add(b, it.shared)
-	} else {
-		st.raw(b)
-	}
+	st.add(b, it.shared)
 	if st.err != nil {
 		return
 	}
