@@ -82,7 +82,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Context())
-	ss := &session{srv: s, ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
+	ss := &session{srv: s, num: sessions.Add(1), ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
 		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{}}
 	if r.Header.Get(SharedHeader) == "1" {
 		ss.shared = map[*byte]sharedNum{}
@@ -124,6 +124,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // session is one session's state on the server.
 type session struct {
 	srv      *Server
+	num      uint64          // SegmentWriter.Session
 	ctx      context.Context // the streams' parent
 	cancel   context.CancelFunc
 	remote   string
@@ -572,40 +573,39 @@ type SegmentWriter interface {
 	// them all would, in one hand-off to the session's writer when the
 	// stream's credit allows.
 	WriteSegments(segs []Segment) (int, error)
+	// TryWriteSegments writes the segments as WriteSegments does if the
+	// stream's credit and the session's bound allow it now, and otherwise
+	// writes nothing and reports false: it never waits, so that one
+	// goroutine can write many streams of a session without one slow
+	// client holding up the others. Segments of more bytes than a stream's
+	// whole credit window are always refused (WriteSegments writes them
+	// in pieces).
+	TryWriteSegments(segs []Segment) (bool, error)
+	// Session is the number of the stream's session: the streams of one
+	// session share it, and no two sessions of a process have the same.
+	Session() uint64
 }
 
 var _ SegmentWriter = (*stream)(nil)
 
+// sessions numbers the sessions of the process (SegmentWriter.Session).
+var sessions atomic.Uint64
+
+func (st *stream) Session() uint64 { return st.ss.num }
+
 func (st *stream) WriteSegments(segs []Segment) (int, error) {
-	if !st.wroteHeader {
-		st.WriteHeader(http.StatusOK)
-	}
-	total := 0
-	for _, sg := range segs {
-		total += len(sg.B)
-	}
-	ss := st.ss
+	total := st.segmentsLen(segs)
 	for total <= window {
-		ss.mu.Lock()
-		if err := st.failedLocked(); err != nil {
-			ss.mu.Unlock()
+		ok, wait, err := st.appendSegments(segs, total)
+		if err != nil {
 			return 0, err
 		}
-		if st.credit >= int64(total) && len(ss.out) < maxPending {
-			ss.appendSegmentsLocked(st.id, segs)
-			st.credit -= int64(total)
-			ss.mu.Unlock()
-			ss.signal()
+		if ok {
 			return total, nil
 		}
 		// Waits as Write does, and sends the segments at once (a
 		// congested session is when sending shared bytes once matters
 		// most).
-		wait := ss.drained
-		if st.credit < int64(total) {
-			wait = st.creditAdded
-		}
-		ss.mu.Unlock()
 		if err := st.await(wait); err != nil {
 			return 0, err
 		}
@@ -620,6 +620,53 @@ func (st *stream) WriteSegments(segs []Segment) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+func (st *stream) TryWriteSegments(segs []Segment) (bool, error) {
+	total := st.segmentsLen(segs)
+	if total > window {
+		return false, nil // only WriteSegments writes it, in pieces
+	}
+	ok, _, err := st.appendSegments(segs, total)
+	return ok, err
+}
+
+// segmentsLen is the length of segs' bytes; it sends the stream's head
+// first if the handler has not.
+func (st *stream) segmentsLen(segs []Segment) int {
+	if !st.wroteHeader {
+		st.WriteHeader(http.StatusOK)
+	}
+	total := 0
+	for _, sg := range segs {
+		total += len(sg.B)
+	}
+	return total
+}
+
+// appendSegments hands segs (total bytes) to the session's writer if the
+// stream's credit and the session's bound allow it; otherwise it returns
+// what to wait for before trying again.
+func (st *stream) appendSegments(segs []Segment, total int) (ok bool, wait <-chan struct{}, err error) {
+	ss := st.ss
+	ss.mu.Lock()
+	if err := st.failedLocked(); err != nil {
+		ss.mu.Unlock()
+		return false, nil, err
+	}
+	if st.credit >= int64(total) && len(ss.out) < maxPending {
+		ss.appendSegmentsLocked(st.id, segs)
+		st.credit -= int64(total)
+		ss.mu.Unlock()
+		ss.signal()
+		return true, nil, nil
+	}
+	wait = ss.drained
+	if st.credit < int64(total) {
+		wait = st.creditAdded
+	}
+	ss.mu.Unlock()
+	return false, wait, nil
 }
 
 // failedLocked is why the stream cannot be written to now: the session

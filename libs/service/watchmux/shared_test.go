@@ -351,3 +351,61 @@ func TestSharedWaitsForCredit(t *testing.T) {
 		t.Errorf("the session carried %d bytes for a body of %d: the writes that waited went as data", wire, len(body))
 	}
 }
+
+// TestTryWriteSegmentsNeverWaits: TryWriteSegments writes as long as the
+// stream's credit allows and then, instead of waiting for the client,
+// writes nothing and reports false; a write larger than the whole window
+// is refused at once. What it refused, written with WriteSegments once
+// the client reads, follows what it wrote, each byte once.
+func TestTryWriteSegmentsNeverWaits(t *testing.T) {
+	shared := blobs(4, 16<<10)
+	const extra = 2 // writes after the first refusal
+	refused := make(chan int, 1)
+	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		if ok, err := sw.TryWriteSegments([]Segment{{B: make([]byte, window+1)}}); ok || err != nil {
+			t.Errorf("a write over the window: %v, %v; want false, nil", ok, err)
+		}
+		n := 0
+		for ; ; n++ {
+			ok, err := sw.TryWriteSegments([]Segment{{B: shared[n%len(shared)], Shared: true}})
+			if err != nil {
+				t.Error(err)
+				refused <- -1
+				return
+			}
+			if !ok {
+				break
+			}
+		}
+		refused <- n
+		for i := n; i < n+extra; i++ {
+			if _, err := sw.WriteSegments([]Segment{{B: shared[i%len(shared)], Shared: true}}); err != nil {
+				return
+			}
+		}
+	}))
+	c := &Client{Transport: &http.Transport{Protocols: service.ClientProtocols()}, MaxStreams: 8}
+	t.Cleanup(c.Close)
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	defer resp.Body.Close()
+	n := <-refused
+	if n < 0 {
+		t.FailNow()
+	}
+	if want := window / (16 << 10); n != want {
+		t.Errorf("%d writes before the first refusal, want %d (the stream's credit)", n, want)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for i := range n + extra {
+		want = append(want, shared[i%len(shared)]...)
+	}
+	if !bytes.Equal(body, want) {
+		t.Fatalf("%d bytes, want %d; differ from byte %d", len(body), len(want), firstDiff(string(body), string(want)))
+	}
+}

@@ -3,6 +3,7 @@ package fanout
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/service/watchmux"
 )
 
 // writeRecorder is a ResponseWriter that hands over every Write. While
@@ -25,6 +27,7 @@ import (
 type writeRecorder struct {
 	h      http.Header
 	writes chan []byte
+	done   chan struct{} // closed when the test is over
 	clk    *clocktesting.FakeClock
 	slow   atomic.Int64 // a time.Duration
 }
@@ -36,20 +39,82 @@ func (w *writeRecorder) Write(b []byte) (int, error) {
 	if d := time.Duration(w.slow.Load()); d > 0 {
 		w.clk.Step(d)
 	}
-	w.writes <- bytes.Clone(b)
-	return len(b), nil
+	select {
+	case w.writes <- bytes.Clone(b):
+		return len(b), nil
+	case <-w.done:
+		return 0, errors.New("the test is over")
+	}
 }
 
-// pacedWatch is one watch's writer (Server.serve) paced at every, on a
-// fake clock, and what it writes.
+// sessionRecorder is a writeRecorder that is a session stream: its
+// batches come as segments (each batch one write of their bytes). While
+// full is set, it has no room: TryWriteSegments writes nothing, and
+// WriteSegments waits until room is signalled.
+type sessionRecorder struct {
+	*writeRecorder
+	full    atomic.Bool
+	room    chan struct{}
+	waiting chan struct{} // a WriteSegments waits for room
+}
+
+func (w *sessionRecorder) Session() uint64 { return 1 }
+
+func (w *sessionRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error) {
+	if w.full.Load() {
+		return false, nil
+	}
+	_, err := w.WriteSegments(segs)
+	return true, err
+}
+
+func (w *sessionRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
+	if w.full.Load() {
+		select {
+		case w.waiting <- struct{}{}:
+		case <-w.done:
+		}
+	}
+	for w.full.Load() {
+		select {
+		case <-w.room:
+		case <-w.done:
+			return 0, errors.New("the test is over")
+		}
+	}
+	var b []byte
+	for _, sg := range segs {
+		b = append(b, sg.B...)
+	}
+	return w.Write(b)
+}
+
+// pacedWatch is one watch's writer paced at every, on a fake clock, and
+// what it writes: Server.serve on the watch's goroutine, or (session) a
+// pacer writing a session stream's watch (Server.servePaced).
 type pacedWatch struct {
-	t   *testing.T
-	clk *clocktesting.FakeClock
-	w   *writeRecorder
-	wt  *watcher
+	t     *testing.T
+	clk   *clocktesting.FakeClock
+	w     *writeRecorder
+	sw    *sessionRecorder // session: its stream
+	wt    *watcher
+	every time.Duration
+	// noted (session): the number of notifications of each of the
+	// pacer's loops that had any.
+	noted chan int
 }
 
-func newPacedWatch(t *testing.T, every time.Duration) *pacedWatch {
+// pacing is how a pacedWatch is written.
+type pacing int
+
+const (
+	ownGoroutine pacing = iota
+	sessionPacer
+)
+
+func (p pacing) String() string { return [...]string{"own goroutine", "session pacer"}[p] }
+
+func newPacedWatch(t *testing.T, every time.Duration, how ...pacing) *pacedWatch {
 	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
 	if err != nil {
 		t.Fatal(err)
@@ -62,17 +127,37 @@ func newPacedWatch(t *testing.T, every time.Duration) *pacedWatch {
 	m := newMetrics(prometheus.NewRegistry())
 	s := &Server{cfg: Config{BookmarkInterval: time.Hour, WriteCoalesce: every}, clock: clk, m: m}
 	h := newHub(res, nil, ringLimits{}, slog.New(slog.DiscardHandler), m, clk)
-	w := &writeRecorder{h: http.Header{}, writes: make(chan []byte, 16), clk: clk}
-	st := &stream{w: w, rc: http.NewResponseController(w), res: res, f: jsonLines, enc: &encoder{res: res}, m: m, clock: clk, batches: &sync.Pool{}}
-	wt := newWatcher(kube.Everything(""), 100, 1<<20)
+	w := &writeRecorder{h: http.Header{}, writes: make(chan []byte, 16), clk: clk, done: make(chan struct{})}
+	pw := &pacedWatch{t: t, clk: clk, w: w, every: every}
+	var rw http.ResponseWriter = w
+	if len(how) > 0 && how[0] == sessionPacer {
+		pw.sw = &sessionRecorder{writeRecorder: w, room: make(chan struct{}, 1), waiting: make(chan struct{}, 1)}
+		rw = pw.sw
+	}
+	st := &stream{w: rw, rc: http.NewResponseController(rw), res: res, f: jsonLines, enc: &encoder{res: res}, m: m, clock: clk, batches: &sync.Pool{}}
+	pw.wt = newWatcher(kube.Everything(""), 100, 1<<20)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.serve(ctx, st, h, wt, 0, false)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return &pacedWatch{t: t, clk: clk, w: w, wt: wt}
+	var wg sync.WaitGroup
+	if pw.sw != nil {
+		st.sw = pw.sw
+		pc := newPacer(clk, every)
+		pw.noted = make(chan int, 1000)
+		pc.testNoted = func(n int) {
+			if n > 0 {
+				pw.noted <- n
+			}
+		}
+		e := pc.add(st, pw.wt)
+		wg.Go(func() { pc.run(ctx) })
+		wg.Go(func() {
+			defer e.leave()
+			s.servePaced(ctx, st, h, e, 0, false)
+		})
+	} else {
+		wg.Go(func() { s.serve(ctx, st, h, pw.wt, 0, false) })
+	}
+	t.Cleanup(func() { cancel(); close(w.done); wg.Wait() })
+	return pw
 }
 
 func (p *pacedWatch) enqueue(revs ...int64) {
@@ -129,8 +214,14 @@ func (p *pacedWatch) parked() {
 // come; after a quiet spell the next event is written at once; a queue that
 // reaches half its bound is written at once.
 func TestBusyWatchGathersEvents(t *testing.T) {
+	for _, how := range []pacing{ownGoroutine, sessionPacer} {
+		t.Run(how.String(), func(t *testing.T) { testBusyWatchGathersEvents(t, how) })
+	}
+}
+
+func testBusyWatchGathersEvents(t *testing.T, how pacing) {
 	const every = 20 * time.Millisecond
-	p := newPacedWatch(t, every)
+	p := newPacedWatch(t, every, how)
 	clk, enqueue, expect, parked := p.clk, p.enqueue, p.expect, p.parked
 
 	enqueue(1)
@@ -176,10 +267,119 @@ func TestSlowWriteIsNotPacedAgain(t *testing.T) {
 	p.expect(1)
 	p.enqueue(2)
 	p.parked() // busy
-	p.w.slow.Store(int64(2 * every))
+	p.w.slow.Store(int64(2 * p.every))
 	p.clk.Step(every)
 	p.expect(2) // took two intervals
 	p.w.slow.Store(0)
 	p.enqueue(3)
 	p.expect(3)
+}
+
+// notedOnce waits until the pacer has handled a notification after the
+// last it waited for.
+func (p *pacedWatch) notedOnce() {
+	p.t.Helper()
+	p.notedN(1)
+}
+
+// notedN waits until the pacer has handled n notifications after the last
+// it waited for.
+func (p *pacedWatch) notedN(n int) {
+	p.t.Helper()
+	for n > 0 {
+		select {
+		case k := <-p.noted:
+			n -= k
+		case <-time.After(10 * time.Second):
+			p.t.Fatal("the pacer was not notified")
+		}
+	}
+}
+
+// forgetNoted forgets the notifications the pacer handled so far.
+func (p *pacedWatch) forgetNoted() {
+	for len(p.noted) > 0 {
+		<-p.noted
+	}
+}
+
+// handBack writes revision 1 (at once: the watch is quiet), then revs
+// within the interval with the session stream full: when they are due, the
+// pacer finds no room and hands the batch to the watch's goroutine, which
+// waits for room (until room). The notifications the pacer handled by
+// then are forgotten.
+func (p *pacedWatch) handBack(revs ...int64) {
+	p.t.Helper()
+	p.enqueue(1)
+	p.expect(1)
+	p.sw.full.Store(true)
+	p.enqueue(revs...)
+	p.parked()
+	p.clk.Step(p.every)
+	select {
+	case <-p.sw.waiting:
+	case <-time.After(10 * time.Second):
+		p.t.Fatal("the batch without room was not handed to the watch's goroutine")
+	}
+	p.forgetNoted()
+}
+
+// room ends the session stream's want of room.
+func (p *pacedWatch) room() {
+	p.sw.full.Store(false)
+	p.sw.room <- struct{}{}
+}
+
+// TestPacedWatchWithoutRoom: a batch the session stream has no room for is
+// written by the watch's goroutine, which waits for the room (the pacer,
+// which writes every watch of the session, never waits on one client);
+// what is queued meanwhile is written after it, by the pacer again, paced.
+func TestPacedWatchWithoutRoom(t *testing.T) {
+	p := newPacedWatch(t, 20*time.Millisecond, sessionPacer)
+	p.handBack(2, 3)
+	p.enqueue(4)
+	p.notedOnce() // the pacer found the stream being written, and let it be
+	p.none()
+	p.room()
+	p.expect(2, 3)
+	p.parked() // written just now: 4 waits out the interval
+	p.none()
+	p.clk.Step(p.every)
+	p.expect(4)
+	p.enqueue(5)
+	p.parked()
+	p.clk.Step(p.every)
+	p.expect(5)
+}
+
+// TestPacedWatchSlowHandBack: a handed-back write that took longer than
+// the interval (the client made room slowly) is not paced again: the next
+// event is written at once, as serve does (TestSlowWriteIsNotPacedAgain).
+func TestPacedWatchSlowHandBack(t *testing.T) {
+	p := newPacedWatch(t, 20*time.Millisecond, sessionPacer)
+	p.handBack(2)
+	p.w.slow.Store(int64(2 * p.every))
+	p.room()
+	p.expect(2) // took two intervals
+	p.w.slow.Store(0)
+	p.enqueue(3)
+	p.expect(3)
+}
+
+// TestPacedWatchHalfFullAfterHandBack: a queue that reached half its
+// bound while the watch's goroutine was writing (its notice found the
+// stream taken) is written as soon as the goroutine is done, without
+// waiting out the interval.
+func TestPacedWatchHalfFullAfterHandBack(t *testing.T) {
+	p := newPacedWatch(t, 20*time.Millisecond, sessionPacer)
+	p.handBack(2)
+	var burst []int64
+	for rev := int64(3); rev < 3+50; rev++ { // half of 100
+		burst = append(burst, rev)
+	}
+	p.enqueue(burst...)
+	p.notedN(2) // the first event's and the half's: the stream was taken
+	p.room()
+	p.expect(2)
+	p.expect(burst...)
 }

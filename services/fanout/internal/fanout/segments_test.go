@@ -33,6 +33,13 @@ func (w *segmentRecorder) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+func (w *segmentRecorder) Session() uint64 { return 1 }
+
+func (w *segmentRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error) {
+	_, err := w.WriteSegments(segs)
+	return true, err
+}
+
 func (w *segmentRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
 	n := 0
 	rec := make([]watchmux.Segment, len(segs))

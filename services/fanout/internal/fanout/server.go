@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,9 @@ type Server struct {
 	watchers atomic.Int64
 	// batches are the streams' write batches (stream.out).
 	batches sync.Pool
+	// pacers write the watches of session streams, a session's on one
+	// (pacerFor); nil: every watch writes on its own goroutine.
+	pacers []*pacer
 }
 
 // NewServer creates a replica serving watches from the cache shards of
@@ -119,6 +123,11 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 		if caches[t], err = dial(t); err != nil {
 			return nil, err
 		}
+	}
+	s.pacers = make([]*pacer, runtime.GOMAXPROCS(0))
+	for i := range s.pacers {
+		s.pacers[i] = newPacer(s.clock, cfg.WriteCoalesce)
+		go s.pacers[i].run(ctx)
 	}
 	s.cache = cacheclient.New(reg, shards, caches, cacheclient.WithClock(s.clock), cacheclient.WithLogger(log),
 		cacheclient.WithMergeLimits(cacheclient.MergeLimits{Events: cfg.MergeEvents, Bytes: cfg.MergeBytes}))
@@ -284,13 +293,43 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.rc.SetWriteDeadline(time.Now().Add(closeGrace))
 	}
 	defer h.leave(wt)
-	last, err := s.start(ctx, st, h, wt, info, plan)
+	// A watch of a session is written by its session's pacer once it
+	// has started; until then (the catch-up), by this goroutine.
+	var e *paced
+	if p := s.pacerFor(st); p != nil {
+		e = p.add(st, wt)
+		defer e.leave()
+	}
+	last, err := s.begin(ctx, st, h, wt, e, info, wr)
+	if err != nil {
+		return
+	}
+	if e != nil {
+		s.servePaced(ctx, st, h, e, last, wr.AllowWatchBookmarks)
+		return
+	}
+	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
+}
+
+// begin starts the watch (Server.start), with e (if any) held: the
+// catch-up is this goroutine's to write. A watch that failed to start gets
+// the ERROR event; a resumed one, a bookmark.
+func (s *Server) begin(ctx context.Context, st *stream, h *hub, wt *watcher, e *paced, info kube.RequestInfo, wr *kube.WatchRequest) (last int64, err error) {
+	if e != nil {
+		e.mu.Lock()
+		defer func() {
+			e.gone = err != nil
+			e.mu.Unlock()
+		}()
+	}
+	plan := wr.Plan
+	last, err = s.start(ctx, st, h, wt, info, plan)
 	if err != nil {
 		if ctx.Err() == nil {
 			st.raw(st.enc.errorEvent(st.f, startError(err, plan)))
 			st.flush()
 		}
-		return
+		return 0, err
 	}
 	if wr.AllowWatchBookmarks && plan.Mode == rv.WatchAfter {
 		// A resumed watch says at once where it stands: client-go takes a
@@ -300,7 +339,55 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.bookmark(max(last, st.last), false)
 		st.flush()
 	}
-	s.serve(ctx, st, h, wt, last, wr.AllowWatchBookmarks)
+	return last, nil
+}
+
+// pacerFor returns the pacer that writes st's watch, or nil if the watch
+// writes on its own goroutine: the stream of a session, uncompressed, goes
+// to its session's pacer.
+func (s *Server) pacerFor(st *stream) *pacer {
+	if len(s.pacers) == 0 || st.sw == nil {
+		return nil
+	}
+	return s.pacers[st.sw.Session()%uint64(len(s.pacers))]
+}
+
+// servePaced is serve for a watch its pacer writes: this goroutine writes
+// only what the pacer hands back (a batch the client had no room for),
+// bookmarks, and the end, until the client leaves, the watch times out or
+// the watcher is closed.
+func (s *Server) servePaced(ctx context.Context, st *stream, h *hub, e *paced, last int64, bookmarks bool) {
+	tick, stop := s.bookmarkTicks(bookmarks)
+	defer stop()
+	wt := e.wt
+	e.mu.Lock()
+	st.last = max(st.last, last)
+	e.mu.Unlock()
+	e.renotify() // what was queued during the catch-up
+	drain := func() int { return st.drain(wt, &e.batch, drainRounds) }
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.back:
+			// What the pacer could not write now, written as the client
+			// makes room; or the pacer's write failed (below).
+			err = e.own(s.clock.Now, func() int {
+				n := drain()
+				st.flush()
+				return n
+			})
+		case <-wt.done:
+			e.own(s.clock.Now, func() int { return st.closing(drain, bookmarks) })
+			return
+		case <-tick:
+			err = e.own(s.clock.Now, func() int { return st.bookmarkTick(h, wt, drain) })
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // stateRequest asks the cache for a watcher's initial state. The selectors
@@ -452,15 +539,21 @@ func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, req
 	return through, st.err
 }
 
+// bookmarkTicks returns a watch's bookmark ticks (none without bookmarks)
+// and what stops them.
+func (s *Server) bookmarkTicks(bookmarks bool) (<-chan time.Time, func()) {
+	if !bookmarks {
+		return nil, func() {}
+	}
+	t := s.clock.NewTicker(s.cfg.BookmarkInterval)
+	return t.C(), t.Stop
+}
+
 // serve drains the watcher's queue to the client until the client leaves,
 // the watch times out or the watcher is closed.
 func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, last int64, bookmarks bool) {
-	var tick <-chan time.Time
-	if bookmarks {
-		t := s.clock.NewTicker(s.cfg.BookmarkInterval)
-		defer t.Stop()
-		tick = t.C()
-	}
+	tick, stop := s.bookmarkTicks(bookmarks)
+	defer stop()
 	st.last = max(st.last, last)
 	var batch []queued
 	// Pacing (cfg.WriteCoalesce): a watch woken less than WriteCoalesce
@@ -497,34 +590,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		}
 		due = pace.C()
 	}
-	// drain writes everything queued, including what is queued while it
-	// writes (one write and one flush for the batch, see
-	// stream.out), and keeps the batch's buffer only if it is small: an
-	// idle watcher should hold none.
-	drain := func() (n int) {
-		// Bounded, so that a watcher fed as fast as it writes still
-		// flushes.
-		for range 8 {
-			if st.err != nil {
-				break
-			}
-			batch = wt.take(batch)
-			if len(batch) == 0 {
-				break
-			}
-			for i, q := range batch {
-				if st.err == nil {
-					st.event(q.it, q.t)
-				}
-				batch[i] = queued{}
-			}
-			n += len(batch)
-			if cap(batch) > 64 {
-				batch = nil
-			}
-		}
-		return n
-	}
+	drain := func() int { return st.drain(wt, &batch, drainRounds) }
 	// write drains and flushes; a busy watch (one that was paced) waits out
 	// the rest of the next interval from here. A write that took the whole
 	// interval (a client slow to read) leaves it waiting for wake: what came
@@ -556,18 +622,7 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 		case <-ctx.Done():
 			return
 		case <-wt.done:
-			// Deliver what was queued before the overflow (within the
-			// close grace), then end the stream: the client resumes after
-			// the last event it received. A bookmark at what was delivered
-			// ends it: client-go takes a watch that ends within a second
-			// with nothing received for a failure and relists, and a hub
-			// reset closes every watcher at once, just joined ones too (a
-			// relist storm while the caches restart).
-			drain()
-			if bookmarks {
-				st.bookmark(st.last, false) // in the stream's format: a kubelet's is protobuf
-			}
-			st.flush()
+			st.closing(drain, bookmarks)
 			return
 		case <-wake:
 			n, half := wt.level()
@@ -592,19 +647,75 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 			}
 			write(busy)
 		case <-tick:
-			// Everything up to the hub's head has been queued; write it,
-			// then the bookmark. Unless the watcher was closed meanwhile:
-			// the hub no longer queues to it, so its head says nothing of
-			// what this client got (the close, above, ends the stream with
-			// a bookmark at what it did get).
-			head := h.head.Load()
-			drain()
-			if wt.closedReason() == "" {
-				st.bookmark(max(head, st.last), false)
-			}
-			st.flush()
+			st.bookmarkTick(h, wt, drain)
 		}
 	}
+}
+
+// drainRounds bounds how many times a drain takes a watcher's queue, so
+// that a watcher fed as fast as it writes still flushes.
+const drainRounds = 8
+
+// drain adds what wt has queued to the stream's batch, including what is
+// queued while it does (up to rounds takes), and returns how many events
+// it took. batch is the watch's slice for taking, kept only if it is
+// small: an idle watcher should hold none.
+func (st *stream) drain(wt *watcher, batch *[]queued, rounds int) (n int) {
+	for range rounds {
+		if st.err != nil {
+			break
+		}
+		// take gives the queue *batch: what it returns is ours now.
+		b := wt.take(*batch)
+		*batch = b
+		if len(b) == 0 {
+			break
+		}
+		st.now = time.Now()
+		for i, q := range b {
+			if st.err == nil {
+				st.event(q.it, q.t)
+			}
+			b[i] = queued{}
+		}
+		n += len(b)
+		if cap(b) > 64 {
+			*batch = nil
+		}
+	}
+	st.now = time.Time{}
+	return n
+}
+
+// closing writes what the closed watcher had queued (drain), within the
+// close grace, then ends the stream: the client resumes after the last
+// event it received. With bookmarks, a bookmark at what was delivered ends
+// it: client-go takes a watch that ends within a second with nothing
+// received for a failure and relists, and a hub reset closes every
+// watcher at once, just joined ones too (a relist storm while the caches
+// restart). It returns how many events it wrote.
+func (st *stream) closing(drain func() int, bookmarks bool) int {
+	n := drain()
+	if bookmarks {
+		st.bookmark(st.last, false) // in the stream's format: a kubelet's is protobuf
+	}
+	st.flush()
+	return n
+}
+
+// bookmarkTick writes what wt has queued (drain), which is everything up
+// to h's head, then a bookmark at the head. Unless the watcher was closed
+// meanwhile: the hub no longer queues to it, so its head says nothing of
+// what this client got (closing ends the stream with a bookmark at what it
+// did get). It returns how many events it wrote.
+func (st *stream) bookmarkTick(h *hub, wt *watcher, drain func() int) int {
+	head := h.head.Load()
+	n := drain()
+	if wt.closedReason() == "" {
+		st.bookmark(max(head, st.last), false)
+	}
+	st.flush()
+	return n
 }
 
 // stream writes one client's watch response.
@@ -644,9 +755,16 @@ type stream struct {
 	parts   []part
 	pending int
 	segs    []watchmux.Segment
+	// try: the stream's pacer is writing it, and must not wait
+	// (TryWriteSegments). blocked: a write found no room, and the batch
+	// (parts, out) waits, growing, until the watch's goroutine writes it
+	// (see paced).
+	try, blocked bool
 
 	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
 	traceLines bool
+	// now: while a drain adds a batch, when it took it (wall time).
+	now time.Time
 }
 
 // part is a segment of a stream's batch: shared bytes, or out[from:to].
@@ -682,7 +800,7 @@ func (st *stream) add(b []byte, shared bool) {
 	}
 	if st.pending+len(b) > batchBytes {
 		st.writeOut()
-		if len(b) >= batchBytes {
+		if len(b) >= batchBytes && !st.try {
 			st.write(b) // large enough on its own: no copy
 			return
 		}
@@ -710,7 +828,9 @@ func (st *stream) add(b []byte, shared bool) {
 // writeOut writes the pending batch in one write.
 func (st *stream) writeOut() {
 	if st.sw != nil {
-		st.writeParts()
+		if !st.blocked {
+			st.writeParts()
+		}
 		return
 	}
 	st.pending = 0
@@ -734,7 +854,17 @@ func (st *stream) writeParts() {
 			segs = append(segs, watchmux.Segment{B: (*st.out)[p.from:p.to]})
 		}
 	}
-	if st.err == nil {
+	switch {
+	case st.err != nil:
+	case st.try:
+		var ok bool
+		if ok, st.err = st.sw.TryWriteSegments(segs); !ok && st.err == nil {
+			st.blocked = true // the parts stay
+			clear(segs)
+			st.segs = segs[:0]
+			return
+		}
+	default:
 		_, st.err = st.sw.WriteSegments(segs)
 	}
 	// No references kept: an idle watcher pins no event's encoding, and
@@ -797,8 +927,13 @@ func (st *stream) event(it *item, t kube.Transition) {
 	st.unsentBytes += len(b)
 	if it.ev.ObservedUnixNano > 0 {
 		// Wall time on both ends (ingest's and this host's): not the
-		// injected clock.
-		st.m.latency.Observe(time.Since(time.Unix(0, it.ev.ObservedUnixNano)).Seconds())
+		// injected clock. A drained batch is written at once: one
+		// reading of the clock for all of it.
+		now := st.now
+		if now.IsZero() {
+			now = time.Now()
+		}
+		st.m.latency.Observe(now.Sub(time.Unix(0, it.ev.ObservedUnixNano)).Seconds())
 	}
 }
 
@@ -813,6 +948,9 @@ func (st *stream) send(it *item, sel *kube.Selector) {
 // gives the batch's buffer back: an idle watcher holds none.
 func (st *stream) flush() {
 	st.writeOut()
+	if st.blocked {
+		return // the batch waits in out and parts
+	}
 	if st.out != nil {
 		putBatch(st.batches, st.out)
 		st.out = nil

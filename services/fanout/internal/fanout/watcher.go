@@ -56,6 +56,12 @@ type watcher struct {
 	once   sync.Once
 	done   chan struct{}
 	reason string
+	// notify, when set (before the watcher joins a hub), replaces wake and
+	// full: it is called, with full, where they would be signalled (a
+	// watch its session's pacer writes; the pacer may let a notice be
+	// while the watch's goroutine writes, which then notifies it again:
+	// see paced).
+	notify func(full bool)
 	// onClose, when set, runs once as the watcher is closed, with the
 	// reason: it counts the termination when the server decides it and
 	// bounds the writer's blocking write (a client that stopped reading
@@ -85,11 +91,18 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 	k := len(w.pending)
 	full := w.half(k, total) && !w.half(k-1, total-n)
 	w.mu.Unlock()
-	if k == 1 {
-		signal(w.wake)
-	}
-	if full {
-		signal(w.full)
+	switch {
+	case w.notify != nil:
+		if k == 1 || full {
+			w.notify(full)
+		}
+	default:
+		if k == 1 {
+			signal(w.wake)
+		}
+		if full {
+			signal(w.full)
+		}
 	}
 	return true
 }
