@@ -214,18 +214,15 @@ func (p *pacer) write(e *paced, now time.Time, urgent, due bool) {
 	if scheduled && !urgent {
 		return // written when due
 	}
+	if scheduled {
+		heap.Remove(&p.due, e.idx) // written now, or by the goroutine
+	}
 	if !e.mu.TryLock() {
 		// The goroutine is writing the stream; it tells the pacer of
 		// what is queued when it is done.
-		if scheduled {
-			heap.Remove(&p.due, e.idx)
-		}
 		return
 	}
 	defer e.mu.Unlock()
-	if scheduled {
-		heap.Remove(&p.due, e.idx)
-	}
 	if e.gone || e.handed {
 		return
 	}
