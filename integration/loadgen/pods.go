@@ -158,10 +158,23 @@ type Write struct {
 	Took time.Duration
 }
 
+// writeSlack is the commit time WriteFor's writers absorb at any rate: they
+// keep the offered rate while etcd's Puts take up to this long.
+const writeSlack = 250 * time.Millisecond
+
+// writers is how many Puts WriteFor keeps in flight at perSec: enough for
+// writeSlack of commits, at least 4.
+func writers(perSec int) int {
+	return max(4, int(time.Duration(perSec)*writeSlack/time.Second))
+}
+
 // WriteFor puts pods into etcd at perSec writes per second for d, cycling
-// through the pods from first, and returns every write. Writes go out on a
-// few goroutines so that a slow commit does not delay the next slot; each
-// carries the time just before its Put.
+// through the pods from first, and returns every write. The rate is
+// offered whatever the commits take (up to writeSlack each): a cluster's
+// writes come from many clients, none waiting for another's, so a server
+// that slows etcd down (the machine saturated) must not be offered fewer
+// events than one that does not. Each write carries the time just before
+// its Put.
 func (p *Pods) WriteFor(ctx context.Context, cli *clientv3.Client, perSec int, d time.Duration, first int) ([]Write, error) {
 	total := int(d.Seconds() * float64(perSec))
 	interval := time.Second / time.Duration(perSec)
@@ -173,7 +186,7 @@ func (p *Pods) WriteFor(ctx context.Context, cli *clientv3.Client, perSec int, d
 		errs   []error
 		wg     sync.WaitGroup
 	)
-	for range 4 {
+	for range writers(perSec) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
