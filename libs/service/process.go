@@ -51,28 +51,36 @@ func Main(name string, cfg Config, build Build) {
 	}
 }
 
+// ProcessConfig is what every process is configured with besides its
+// component's flags: the logger and its Ps.
+type ProcessConfig struct {
+	Log   LogConfig
+	Procs ProcsConfig
+}
+
 // Configure reads a process's configuration as Run does: cfg's flags and
-// the logger's from args and HERALD_*, then cfg.Validate. An error is why
-// the process refuses to start.
-func Configure(name string, cfg Config, args []string) (LogConfig, error) {
-	var logCfg LogConfig
+// the process's own from args and HERALD_*, then cfg.Validate. An error is
+// why the process refuses to start.
+func Configure(name string, cfg Config, args []string) (ProcessConfig, error) {
+	var pc ProcessConfig
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	logCfg.RegisterFlags(fs)
+	pc.Log.RegisterFlags(fs)
+	pc.Procs.RegisterFlags(fs)
 	if err := ParseFlags(fs, args); err != nil {
-		return logCfg, err
+		return pc, err
 	}
-	return logCfg, cfg.Validate()
+	return pc, cfg.Validate()
 }
 
 // Run is Main without the exit, for tests: it returns when ctx ends or a
 // signal arrives (after a graceful stop) or the component fails.
 func Run(ctx context.Context, name string, cfg Config, args []string, logTo io.Writer, build Build) error {
-	logCfg, err := Configure(name, cfg, args)
+	pc, err := Configure(name, cfg, args)
 	if err != nil {
 		return err
 	}
-	log, err := logCfg.NewLogger(logTo, name)
+	log, err := pc.Log.NewLogger(logTo, name)
 	if err != nil {
 		return err
 	}
@@ -100,6 +108,9 @@ func Run(ctx context.Context, name string, cfg Config, args []string, logTo io.W
 		return err
 	}
 	log.Info(name+" starting", "admin", p.Admin.Addr())
+	// After build: what a component sizes by its Ps (fanout's pacers) sees
+	// them all.
+	pc.Procs.adaptProcs(ctx, log)
 	if err := svc.StartAsync(context.Background()); err != nil {
 		return err
 	}

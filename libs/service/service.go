@@ -15,7 +15,9 @@
 //     http.Server run as a lifecycle's parts; gRPC clients of the cache
 //     (grpc.go);
 //   - the option groups several services share (options.go), so that a
-//     flag means the same everywhere.
+//     flag means the same everywhere;
+//   - the process's Ps (procs.go): one while it is quiet, all of them while
+//     it is busy.
 //
 // It holds no package state: every process builds its own Admin with its own
 // prometheus.Registry, its own Telemetry, its own lifecycle. It must never
