@@ -37,6 +37,23 @@ func CPUMillis(pid int) (float64, error) {
 	return (utime + stime) * 1000 / clockTicks, nil
 }
 
+// WriteCalls is the number of write system calls (write, writev, pwrite:
+// the "syscw" of /proc/<pid>/io) the process has made so far. Every socket
+// write of a Go program is one of them, so on a watch workload it counts
+// the writes to clients and between processes.
+func WriteCalls(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "syscw:"); ok {
+			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/io: no syscw", pid)
+}
+
 // RSSBytes is the process's resident set size, from /proc/<pid>/status.
 func RSSBytes(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -157,12 +157,13 @@ func (rp *Report) Write(w io.Writer) {
 		row("server CPU (ms, whole stack)", func(r *Result) float64 { return r.ServerCPU }, "%.0f")
 		row("CPU per 1,000 deliveries (ms)", (*Result).CPUPer1000, "%.2f")
 		row("load client CPU (ms)", func(r *Result) float64 { return r.ClientCPU }, "%.0f")
+		row("server write system calls per 1,000 deliveries (whole stack)", (*Result).WriteCallsPer1000, "%.0f")
 		p("\n")
 		for _, r := range []*Result{h, k} {
 			if r == nil {
 				continue
 			}
-			p("- %s: expected %d deliveries, %d open failures, %d unexpected events; CPU by process (ms): %s; memory per idle watcher: %s.", r.Target, r.Expected, r.OpenFailures, r.Unexpected, kv(r.CPU, "%.0f", 1), memKV(r))
+			p("- %s: expected %d deliveries, %d open failures, %d unexpected events; CPU by process (ms): %s; write system calls by process: %s; memory per idle watcher: %s.", r.Target, r.Expected, r.OpenFailures, r.Unexpected, kv(r.CPU, "%.0f", 1), kv(r.WriteCalls, "%.0f", 1), memKV(r))
 			if r.ClientBusy > 0 {
 				p(" The load client used %.0f%% of its CPUs.", 100*r.ClientBusy)
 			}

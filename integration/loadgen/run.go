@@ -41,6 +41,10 @@ type Result struct {
 	CPU       map[string]float64
 	ServerCPU float64
 	ClientCPU float64 // this process: writer and watchers
+	// WriteCalls: write system calls during Window, per process, and the
+	// sum of the target's processes (0 where /proc/<pid>/io is unreadable).
+	WriteCalls       map[string]float64 `json:",omitempty"`
+	ServerWriteCalls float64            `json:",omitempty"`
 	// ClientBusy: ClientCPU over the window and the client's CPUs when it
 	// was pinned to some (0: not pinned).
 	ClientBusy float64 `json:",omitempty"`
@@ -84,6 +88,18 @@ func (r *Result) DeliveriesPerSec() float64 {
 	return float64(r.Deliveries) / r.Window.Seconds()
 }
 
+// WriteCallsPer1000 is the target's write system calls per 1,000
+// deliveries; -1 (not measured) unless every process's count was read.
+func (r *Result) WriteCallsPer1000() float64 {
+	if len(r.WriteCalls) == 0 || len(r.WriteCalls) < len(r.CPU) {
+		return -1
+	}
+	if r.Deliveries == 0 {
+		return 0
+	}
+	return r.ServerWriteCalls / float64(r.Deliveries) * 1000
+}
+
 // CPUPer1000 is the target's CPU milliseconds per 1,000 deliveries.
 func (r *Result) CPUPer1000() float64 {
 	if r.Deliveries == 0 {
@@ -122,7 +138,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	if r.Metrics == nil {
 		r.Metrics = http.DefaultClient
 	}
-	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{},
+	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{}, WriteCalls: map[string]float64{},
 		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}, HeapFromNone: map[string]float64{}, Terminated: -1, History: -1}
 	// Settle: the servers see the write rate for a while before any
 	// watcher opens (see Workload.Settle).
@@ -294,7 +310,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 		stages0[i] = h
 	}
-	cpu0 := r.cpu()
+	cpu0, writes0 := r.cpu(), r.writeCalls()
 	start := time.Now()
 	if t.Profile != nil {
 		go t.Profile(ctx, w.Duration)
@@ -358,6 +374,10 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	}
 	res.ClientCPU = res.CPU["client"]
 	delete(res.CPU, "client")
+	for name, v := range r.writeCalls() {
+		res.WriteCalls[name] = v - writes0[name]
+		res.ServerWriteCalls += res.WriteCalls[name]
+	}
 	if r.ClientCPUs > 0 && res.Window > 0 {
 		res.ClientBusy = res.ClientCPU / (float64(res.Window.Milliseconds()) * float64(r.ClientCPUs))
 		if res.ClientBusy > 0.8 {
@@ -485,6 +505,21 @@ func (r *Runner) cpu() map[string]float64 {
 	return out
 }
 
+// writeCalls reads the target's processes' write system calls so far; a
+// process whose count cannot be read is left out (logged), not counted as 0.
+func (r *Runner) writeCalls() map[string]float64 {
+	out := map[string]float64{}
+	for _, p := range r.Target.CPU {
+		v, err := WriteCalls(p.Pid)
+		if err != nil {
+			r.Log.Warn("write system calls", "process", p.Name, "err", err)
+			continue
+		}
+		out[p.Name] = v
+	}
+	return out
+}
+
 func (r *Runner) memory(ctx context.Context) (heap, rss map[string]uint64) {
 	heap, rss = map[string]uint64{}, map[string]uint64{}
 	for _, m := range r.Target.Mem {
@@ -524,5 +559,5 @@ func (r *Runner) held(ctx context.Context, open int) map[string]float64 {
 func (r *Result) String() string {
 	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, reordered %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
 		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Terminated, r.History, r.BytesPerEvent(), r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
-		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.Stages)
+		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, write calls by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.WriteCalls, r.Stages)
 }
