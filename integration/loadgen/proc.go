@@ -42,30 +42,34 @@ func CPUMillis(pid int) (float64, error) {
 // write of a Go program is one of them, so on a watch workload it counts
 // the writes to clients and between processes.
 func WriteCalls(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	v, err := procField(pid, "io", "syscw:")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "syscw:"); ok {
-			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/io: no syscw", pid)
+	return strconv.ParseFloat(v, 64)
 }
 
 // RSSBytes is the process's resident set size, from /proc/<pid>/status.
 func RSSBytes(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	v, err := procField(pid, "status", "VmRSS:")
 	if err != nil {
 		return 0, err
 	}
+	kb, err := strconv.ParseUint(strings.TrimSuffix(v, " kB"), 10, 64)
+	return kb << 10, err
+}
+
+// procField is the value of the line of /proc/<pid>/<file> that starts
+// with key, spaces trimmed.
+func procField(pid int, file, key string) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+	if err != nil {
+		return "", err
+	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			kb, err := strconv.ParseUint(f[0], 10, 64)
-			return kb << 10, err
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			return strings.TrimSpace(rest), nil
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+	return "", fmt.Errorf("/proc/%d/%s: no %s", pid, file, strings.TrimSuffix(key, ":"))
 }

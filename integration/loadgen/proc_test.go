@@ -42,3 +42,15 @@ func TestWriteCallsCountsWrites(t *testing.T) {
 		t.Fatal("WriteCalls(-1): no error, want one for a process that does not exist")
 	}
 }
+
+// RSSBytes reads this process's resident set, which holds at least the
+// test binary.
+func TestRSSBytes(t *testing.T) {
+	rss, err := RSSBytes(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rss < 1<<20 {
+		t.Fatalf("RSS %d bytes, want at least 1 MiB", rss)
+	}
+}
