@@ -630,6 +630,10 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 		return
 	}
 	p.traceResponse(resp)
+	// The response is kept for the watch's life, and with it the request
+	// it names (its headers, URL and state, about 1 KB): nothing reads it
+	// past this point.
+	resp.Request = nil
 	b.failing.Store(false)
 	at.started()
 	if resp.StatusCode == http.StatusOK {
