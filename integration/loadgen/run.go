@@ -80,6 +80,18 @@ func (r *Result) BytesPerEvent() float64 {
 	return float64(r.Bytes) / float64(r.Deliveries)
 }
 
+// OfferedShare is the share of the rate its writes offered that r
+// delivered: DeliveriesPerSec over the events expected per second of
+// writes (0: not measured). A system that keeps up delivers about 1 (its
+// last deliveries trail the last write by a latency); one that falls
+// behind, less.
+func (r *Result) OfferedShare() float64 {
+	if r.Expected == 0 || r.WriteTime <= 0 {
+		return 0
+	}
+	return r.DeliveriesPerSec() / (float64(r.Expected) / r.WriteTime.Seconds())
+}
+
 // DeliveriesPerSec over the window.
 func (r *Result) DeliveriesPerSec() float64 {
 	if r.Window <= 0 {

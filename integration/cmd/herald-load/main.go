@@ -524,8 +524,8 @@ func run(o options) error {
 // met: on the broadcast workloads Herald's whole-stack CPU per delivery and
 // p99 at most half of kube-apiserver's (where kube-apiserver falls behind
 // the writes, saturated: at least twice its deliveries/s at a p99 no
-// worse); on the kubelet-like ones no more
-// than kube-apiserver's; every watch of a DaemonSet's one token open;
+// worse); on the kubelet-like ones no more than kube-apiserver's; every
+// watch of a DaemonSet's one token open;
 // frontdoor <= 16 KB and fanout <= 12 KB of heap per idle watch; and, on
 // both systems, no event missing, duplicated or reordered.
 func targets(rp *loadgen.Report) []string {
@@ -561,15 +561,15 @@ func targets(rp *loadgen.Report) []string {
 		// A broadcast saturates kube-apiserver when it falls behind the
 		// rate the writes offer; the target is then throughput, which
 		// only a Herald that falls behind too shows in full.
-		if !w.Kubelet && offeredShare(k) < 0.95 {
+		if !w.Kubelet && k.OfferedShare() < 0.95 {
 			ratio := h.DeliveriesPerSec() / k.DeliveriesPerSec()
 			met := ratio >= 2 && h.P99 <= k.P99
 			v := verdict(met)
-			if !met && h.P99 <= k.P99 && offeredShare(h) >= 0.99 {
-				v = fmt.Sprintf("not shown: Herald delivered %.1f%% of the rate offered, which is less than twice kube-apiserver's; a workload that saturates Herald decides", 100*offeredShare(h))
+			if !met && h.P99 <= k.P99 && h.OfferedShare() >= 0.99 {
+				v = fmt.Sprintf("not shown: Herald delivered %.1f%% of the rate offered, which is less than twice kube-apiserver's; a workload that saturates Herald decides", 100*h.OfferedShare())
 			}
 			out = append(out, fmt.Sprintf("%s: kube-apiserver delivered %.1f%% of the rate offered (saturated); deliveries/s %.0f vs kube-apiserver %.0f, ratio %.2f (target >= 2) at p99 %.1f ms vs %.1f ms (target: no worse): %s.", w.Name,
-				100*offeredShare(k), h.DeliveriesPerSec(), k.DeliveriesPerSec(), ratio, float64(h.P99)/1e6, float64(k.P99)/1e6, v))
+				100*k.OfferedShare(), h.DeliveriesPerSec(), k.DeliveriesPerSec(), ratio, float64(h.P99)/1e6, float64(k.P99)/1e6, v))
 		} else {
 			out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
 				float64(h.P99)/1e6, float64(k.P99)/1e6, float64(h.P99)/float64(k.P99), p99, verdict(float64(h.P99) <= p99*float64(k.P99))))
@@ -579,18 +579,6 @@ func targets(rp *loadgen.Report) []string {
 		out = append(out, fmt.Sprintf("%s: kube-apiserver missing %d, duplicated %d, reordered %d, %.0f watches terminated (Herald: %.0f).", w.Name, k.Missing, k.Duplicates, k.Reordered, k.Terminated, h.Terminated))
 	}
 	return out
-}
-
-// offeredShare is the share of the rate its writes offered that r
-// delivered: its deliveries per second over the events expected per
-// second of writes (0: not measured). A system that keeps up delivers
-// about 1 (its last deliveries trail the last write by a latency); one
-// that falls behind, less.
-func offeredShare(r *loadgen.Result) float64 {
-	if r.Expected == 0 || r.WriteTime <= 0 {
-		return 0
-	}
-	return r.DeliveriesPerSec() / (float64(r.Expected) / r.WriteTime.Seconds())
 }
 
 func verdict(ok bool) string {

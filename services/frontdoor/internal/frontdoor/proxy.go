@@ -603,10 +603,10 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	}
 	setIdentity(out.Header, at.user)
 	p.rewriteTrace(out)
-	// The transport keeps the request for the watch's life: its headers
-	// are copied anew, so that the values dropped above (the client's
-	// credential: a service account's token is ~1 KB) are not kept with
-	// them.
+	// The HTTP/2 transport (watchmux's fallback) keeps the request for the
+	// watch's life: its headers are copied anew, so that the values
+	// dropped above (the client's credential: a service account's token is
+	// ~1 KB) are not kept with them.
 	out.Header = out.Header.Clone()
 	// The transport's ResponseHeaderTimeout would keep a timer for the
 	// watch's life; this one is dropped once the response starts.
