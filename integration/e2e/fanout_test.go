@@ -32,12 +32,25 @@ func bigPod(ns, name string, gen, size int) string {
 // rawWatch reads a watch stream from url with a tiny socket receive buffer
 // (a slow client), starting to read only when start is closed.
 func rawWatch(t *testing.T, ctx context.Context, url string, start <-chan struct{}) <-chan watchEvent {
+	return slowWatch(t, ctx, &http.Client{Transport: slowTransport(&http.Transport{DisableCompression: true})}, url, start)
+}
+
+// slowTransport is tr with a tiny socket receive buffer on every connection
+// it dials (and HTTP/1.1: a connection per watch).
+func slowTransport(tr *http.Transport) *http.Transport {
 	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
 		var err error
 		c.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 		return err
 	}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableCompression: true}}
+	tr.DialContext = dialer.DialContext
+	tr.ForceAttemptHTTP2 = false
+	return tr
+}
+
+// slowWatch reads a watch stream from url with client, starting to read
+// only when start is closed.
+func slowWatch(t *testing.T, ctx context.Context, client *http.Client, url string, start <-chan struct{}) <-chan watchEvent {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := client.Do(req)
 	if err != nil {
@@ -73,12 +86,13 @@ func sendEvents(body io.Reader, ch chan<- watchEvent) {
 	}
 }
 
-// TestSlowWatcherIsCutOff: a client that does not read is disconnected
-// (its queue overflows) while 100 fast clients on the same replica receive every
+// TestSlowWatcherIsCutOff: a client that does not read is disconnected (its
+// queue overflows, and the ring of recent events, 300 here, drops what it
+// has not been sent) while 100 fast clients on the same replica receive every
 // event; the slow client then drains what it had, resumes from its last
 // resourceVersion and ends with every event exactly once.
 func TestSlowWatcherIsCutOff(t *testing.T) {
-	e := startStack(t, stack.Options{Flags: map[string][]string{"fanout": {"--watcher.queue-events=100", "--max-watchers=1000"}}})
+	e := startStack(t, stack.Options{Flags: map[string][]string{"fanout": {"--watcher.queue-events=100", "--ring-size=300", "--max-watchers=1000"}}})
 	ctx := testContext(t, 3*time.Minute)
 	fanout := "http://" + e.Proc("fanout-0").Addrs["http"]
 	from := e.rev(t, ctx)
@@ -128,8 +142,7 @@ func TestSlowWatcherIsCutOff(t *testing.T) {
 	// Every event has been written by now; the slow watcher overflowed long
 	// before, though its cut may still be in flight to the metric.
 	cut := func() float64 {
-		return metricLabeled(t, e.Proc("fanout-0"), "apiserver_terminated_watchers_total", `reason="queue_full"`) +
-			metricLabeled(t, e.Proc("fanout-0"), "apiserver_terminated_watchers_total", `reason="queue_bytes"`)
+		return metricLabeled(t, e.Proc("fanout-0"), "apiserver_terminated_watchers_total", `reason="queue_full"`)
 	}
 	eventually(t, ctx, "the slow watcher is cut off", func() string {
 		if n := cut(); n == 0 {
@@ -166,6 +179,71 @@ func TestSlowWatcherIsCutOff(t *testing.T) {
 	got = append(got, collect(t, ctx, rest, last)...)
 	for _, err := range checker.CheckWatch(want, got) {
 		t.Error(err)
+	}
+}
+
+// TestSlowWatcherCatchesUp: a client that stops reading for a while falls
+// behind (its queue, 1 MiB here, overflows) but is not disconnected: once it
+// reads again, the same stream brings every event exactly once, in order,
+// from the replica's ring of recent events. On its own connection to fanout
+// (the watch writes on its own goroutine) and through frontdoor (a session's
+// pacer writes it).
+func TestSlowWatcherCatchesUp(t *testing.T) {
+	e := startStack(t, stack.Options{Flags: map[string][]string{"fanout": {"--watcher.queue-events=100", "--watcher.queue-bytes=1048576"}}})
+	ctx := testContext(t, 3*time.Minute)
+	fanout := e.Proc("fanout-0")
+	for _, tc := range []struct {
+		name   string
+		base   string
+		client *http.Client
+	}{
+		{"fanout", "http://" + fanout.Addrs["http"], &http.Client{Transport: slowTransport(&http.Transport{DisableCompression: true})}},
+		{"frontdoor", e.FrontdoorURL, &http.Client{Transport: bearer{token: e.Token, base: slowTransport(e.TLSTransport())}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from := e.rev(t, ctx)
+			startReading := make(chan struct{})
+			slow := slowWatch(t, ctx, tc.client, tc.base+"/api/v1/pods?watch=true&resourceVersion="+strconv.FormatInt(from, 10), startReading)
+
+			// 300 small pods and 100 of 128 KiB (12.8 MiB): more than the
+			// queue and the socket buffers hold, and far less than the
+			// ring (10,240 events, 64 MiB).
+			// Namespaces of their own: every pod is new (ADDED, then
+			// MODIFIED).
+			small, bulk := "slow-"+tc.name, "bulk-"+tc.name
+			for i := range 300 {
+				name := fmt.Sprintf("p%02d", i%40)
+				e.put(t, ctx, small, name, bigPod(small, name, i, 1024), false)
+				if i%3 == 0 {
+					e.put(t, ctx, bulk, name, bigPod(bulk, name, i, 128<<10), false)
+				}
+			}
+			eventually(t, ctx, "the slow watcher falls behind", func() string {
+				if n := metric(t, fanout, "herald_fanout_watchers_behind"); n != 1 {
+					return fmt.Sprintf("herald_fanout_watchers_behind = %v", n)
+				}
+				return ""
+			})
+			history, err := checker.EtcdHistory(ctx, e.etcd, "/registry/pods/", from+1, e.rev(t, ctx))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := checker.ExpectedEvents("/registry/pods/", history, nil)
+			close(startReading)
+			got := collect(t, ctx, slow, want[len(want)-1].RV)
+			for _, err := range checker.CheckWatch(want, got) {
+				t.Error(err)
+			}
+			if n := metricLabeled(t, fanout, "apiserver_terminated_watchers_total", `reason="queue_full"`); n != 0 {
+				t.Errorf("%v watchers terminated as too slow, want none", n)
+			}
+			eventually(t, ctx, "the watcher has caught up", func() string {
+				if n := metric(t, fanout, "herald_fanout_watchers_behind"); n != 0 {
+					return fmt.Sprintf("herald_fanout_watchers_behind = %v", n)
+				}
+				return ""
+			})
+		})
 	}
 }
 

@@ -38,8 +38,9 @@
 // Flow control is per stream, by credit, as HTTP/2's is: a stream sends at
 // most window bytes of its body that frontdoor has not read yet (a refs
 // frame counts the bytes it refers to; shared frames belong to no stream),
-// so a client that does not read stops its own watch (fanout's queue
-// overflows and closes it, as it does on HTTP/2) and no other.
+// so a client that does not read stops its own watch (its fanout watcher
+// falls behind and is closed once the ring passes it, as on HTTP/2) and no
+// other.
 package watchmux
 
 import (

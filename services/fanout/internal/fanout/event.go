@@ -31,6 +31,10 @@ type item struct {
 	tp     string
 	traced atomic.Bool
 
+	// seq numbers a hub's items in the order it dispatched them (from 1):
+	// the ring holds consecutive ones.
+	seq int64
+
 	// shared: a hub's item, which every watcher of the resource may write
 	// (a catch-up's is its stream's alone): a session sends its encodings
 	// once (stream.event).

@@ -29,7 +29,9 @@ import (
 //   - ring holds, oldest first, every event of the resource with revision
 //     > ringStart, up to head; head only grows.
 //   - a registered watcher has been handed every event after the revision
-//     it joined at, in order, by dispatch (or was closed).
+//     it joined at, in order, by dispatch (or was closed); or it is behind,
+//     and has been handed them through the item numbered its cursor, the
+//     rest being in the ring (see fallBehind).
 type hub struct {
 	res    *kube.Resource
 	cache  heraldv1.CacheClient
@@ -50,6 +52,10 @@ type hub struct {
 	ringStart int64
 	head      atomic.Int64
 	watchers  watcherIndex
+	// seq numbers the items dispatched (item.seq): the last one's.
+	seq int64
+	// behind: the registered watchers that are behind.
+	behind map[*watcher]struct{}
 	// isSynced: ringStart and head are known (the upstreams started and
 	// have not lost continuity since).
 	isSynced bool
@@ -63,7 +69,7 @@ type ringLimits struct{ events, bytes int }
 
 func newHub(res *kube.Resource, cache heraldv1.CacheClient, limits ringLimits, log *slog.Logger, m *metrics, clk clock.Clock) *hub {
 	return &hub{res: res, cache: cache, limits: limits, log: log.With("resource", res.ID()), m: m, clock: clk,
-		synced: make(chan struct{}), watchers: newWatcherIndex()}
+		synced: make(chan struct{}), watchers: newWatcherIndex(), behind: map[*watcher]struct{}{}}
 }
 
 // run keeps the upstreams open until ctx ends.
@@ -133,10 +139,11 @@ func (h *hub) runOnce(ctx context.Context) error {
 
 // flush dispatches evs (in revision order), and moves head to the revision
 // the upstream is complete through. head passes a revision only once all of
-// its events are queued to every watcher they concern: a bookmark at head
-// (serve reads it without the lock) must never go out before an event it
-// covers, or a client whose stream ends between the two resumes past that
-// event.
+// its events are queued to every watcher they concern (or are in the ring
+// for those behind, which get no bookmark at head: bookmarkTick): a
+// bookmark at head (serve reads it without the lock) must never go out
+// before an event it covers, or a client whose stream ends between the two
+// resumes past that event.
 func (h *hub) flush(evs []*heraldv1.Event) {
 	if len(evs) == 0 {
 		return
@@ -163,6 +170,10 @@ func (h *hub) reset(reason string) {
 	defer h.mu.Unlock()
 	h.watchers.every(func(w *watcher) { w.close(reason) })
 	h.watchers = newWatcherIndex()
+	for w := range h.behind {
+		w.behind.Store(false)
+	}
+	clear(h.behind)
 	h.ring, h.ringBytes = nil, 0
 	h.head.Store(0)
 	h.isSynced = false
@@ -172,19 +183,25 @@ func (h *hub) reset(reason string) {
 // concerns, and returns how many it was queued to. Called with mu held; the
 // caller moves head once the revision is whole (flush).
 func (h *hub) dispatch(it *item) (queued int) {
+	h.seq++
+	it.seq = h.seq
 	cost := it.cost()
+	evicted := false
 	for len(h.ring) > 0 && (len(h.ring) >= h.limits.events || h.ringBytes+cost > h.limits.bytes) {
 		h.ringStart = h.ring[0].ev.Revision
 		h.ringBytes -= h.ring[0].cost()
 		h.ring[0] = nil
 		h.ring = h.ring[1:]
+		evicted = true
 	}
 	h.ring = append(h.ring, it)
 	h.ringBytes += cost
+	if evicted && len(h.behind) > 0 {
+		h.dropPassed() // (after the append: an oversized item may have emptied the ring)
+	}
 	h.m.events.WithLabelValues(h.res.ID()).Inc()
-	var closed []*watcher
 	h.watchers.each(it.ev, func(w *watcher) {
-		if it.ev.Revision <= w.after {
+		if it.ev.Revision <= w.after || w.behind.Load() {
 			return
 		}
 		t := it.transition(w.sel)
@@ -192,15 +209,95 @@ func (h *hub) dispatch(it *item) (queued int) {
 			return
 		}
 		if !w.enqueue(it, t) {
-			closed = append(closed, w)
+			h.fallBehind(w, it.seq-1)
 			return
 		}
 		queued++
 	})
-	for _, w := range closed {
-		h.watchers.remove(w)
-	}
 	return queued
+}
+
+// fallBehind: w's queue is full, and it has been handed the events through
+// the one numbered cursor. The hub stops queueing to it; its writer tops
+// its queue up from the ring as it drains it (catchUp), until it has caught
+// up. A watcher that cannot keep up for a while (a slow client, or a
+// replica short of CPU for a moment, when every watcher of a broadcast
+// falls behind at once) costs no memory of its own meanwhile, and nothing
+// more to resume: the ring holds the events, already encoded. Only once
+// the ring drops an event w has not been handed is w closed (dropPassed),
+// and its client resumes, from the caches. Called with mu held.
+func (h *hub) fallBehind(w *watcher, cursor int64) {
+	w.cursor = cursor
+	w.behind.Store(true)
+	h.behind[w] = struct{}{}
+	w.urge()
+}
+
+// catchUp queues to w, if it is behind, the ring's events it has not been
+// handed, as many as its queue takes; if that is all of them, w has caught
+// up, and dispatch queues to it again. If not, w's writer is told to come
+// back for the rest.
+func (h *hub) catchUp(w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !w.behind.Load() || w.closedReason() != "" {
+		return // caught up meanwhile, or closed (no longer registered)
+	}
+	first := h.seq + 1 - int64(len(h.ring)) // the ring's first item's seq
+	if w.cursor+1 < first {
+		h.drop(w) // dropPassed closes it first: never here
+		return
+	}
+	if !h.refill(w, w.cursor+1-first) {
+		w.urge()
+		return
+	}
+	w.cursor = h.seq
+	w.behind.Store(false)
+	delete(h.behind, w)
+}
+
+// refill queues to w the ring's events from the i-th on that it sees, until
+// its queue is full (then it returns false, w's cursor at the last one
+// queued). Called with mu held.
+func (h *hub) refill(w *watcher, i int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ; i < int64(len(h.ring)); i++ {
+		it := h.ring[i]
+		t := kube.Skip
+		if it.ev.Revision > w.after {
+			t = it.transition(w.sel)
+		}
+		if t == kube.Skip {
+			continue
+		}
+		if _, _, ok := w.push(it, t, int64(len(it.object(t)))); !ok {
+			w.cursor = it.seq - 1
+			return false
+		}
+	}
+	return true
+}
+
+// dropPassed closes the watchers that are behind an event the ring no
+// longer holds. Called with mu held.
+func (h *hub) dropPassed() {
+	first := h.ring[0].seq
+	for w := range h.behind {
+		if w.cursor+1 < first {
+			h.drop(w)
+		}
+	}
+}
+
+// drop closes w, which is behind, as too slow: the client resumes, from
+// the caches. Called with mu held.
+func (h *hub) drop(w *watcher) {
+	w.close(reasonQueueFull)
+	h.watchers.remove(w)
+	w.behind.Store(false)
+	delete(h.behind, w)
 }
 
 // join registers w for every event after rev. If the ring covers rev it
@@ -218,6 +315,7 @@ func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool)
 	for i, j := 0, len(backlog)-1; i < j; i, j = i+1, j-1 {
 		backlog[i], backlog[j] = backlog[j], backlog[i]
 	}
+	w.hub = h
 	h.watchers.add(w)
 	return backlog, h.head.Load(), true
 }
@@ -225,6 +323,8 @@ func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool)
 func (h *hub) leave(w *watcher) {
 	h.mu.Lock()
 	h.watchers.remove(w)
+	w.behind.Store(false)
+	delete(h.behind, w)
 	h.mu.Unlock()
 }
 

@@ -2,11 +2,18 @@ package fanout
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
@@ -69,8 +76,9 @@ func TestRingBounds(t *testing.T) {
 // every watcher they concern: serve writes a bookmark at head without the
 // hub's lock, and a bookmark that went out before an event it covers would
 // let a client whose stream ends between the two resume past that event.
-// Watchers whose queues overflow on the revision's first and second events
-// tell, as they are closed from inside the dispatch, where head stood.
+// Watchers whose queues overflow on the revision's first and on its second
+// event (the only one the second sees) tell, as they fall behind (their
+// writers are urged from inside the dispatch), where head stood.
 func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 	pods := podsResource(t)
 	all, err := kube.ParseSelector(pods, "", "", "")
@@ -80,16 +88,24 @@ func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 	h := newHub(pods, nil, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 	h.isSynced, h.ringStart = true, 10
 	h.head.Store(10)
+	onlyB, err := kube.ParseSelector(pods, "", "x=b", "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var seen []int64
-	for _, room := range []int{0, 1} { // full at the first event of 11, at the second
-		w := newWatcher(all, room, 1<<20)
-		w.onClose = func(string) { seen = append(seen, h.head.Load()) }
+	for _, sel := range []*kube.Selector{all, onlyB} { // full at the first event of 11, at the second
+		w := newWatcher(sel, 0, 1<<20)
+		w.notify = func(urgent bool) {
+			if w.behind.Load() {
+				seen = append(seen, h.head.Load())
+			}
+		}
 		if _, _, ok := h.join(w, 10); !ok {
 			t.Fatal("cannot join at the head")
 		}
 	}
 	ev := func(name string) *heraldv1.Event {
-		return &heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 11, Namespace: "default", Name: name, Object: []byte("{}")}
+		return &heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 11, Namespace: "default", Name: name, Labels: map[string]string{"x": name}, Object: []byte("{}")}
 	}
 	h.flush([]*heraldv1.Event{ev("a"), ev("b")})
 	if len(seen) != 2 || seen[0] != 10 || seen[1] != 10 {
@@ -97,5 +113,220 @@ func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 	}
 	if head := h.head.Load(); head != 11 {
 		t.Errorf("head %d once 11 is queued, want 11", head)
+	}
+}
+
+// A watcher whose queue overflows falls behind instead of being closed: the
+// hub stops queueing to it, its writer's takes top the queue up from the
+// ring (only the events it sees), and it receives every event once, in
+// order, until it has caught up and is queued to again. One that the ring
+// has passed is closed, with what it was handed still queued for its
+// writer.
+func TestWatcherBehindCatchesUpFromTheRing(t *testing.T) {
+	pods := podsResource(t)
+	sel := func(ns string) *kube.Selector {
+		s, err := kube.ParseSelector(pods, ns, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	h := newHub(pods, nil, ringLimits{events: 30, bytes: 1 << 30}, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
+	h.isSynced = true
+	all := newWatcher(sel(""), 4, 1<<20)
+	mine := newWatcher(sel("mine"), 4, 1<<20)
+	passed := newWatcher(sel(""), 4, 1<<20)
+	for _, w := range []*watcher{all, mine, passed} {
+		if _, _, ok := h.join(w, 0); !ok {
+			t.Fatal("cannot join")
+		}
+	}
+	rev := int64(0)
+	put := func(n int) {
+		for range n {
+			rev++
+			ns := "other"
+			if rev%3 == 0 {
+				ns = "mine"
+			}
+			h.flush([]*heraldv1.Event{{Type: heraldv1.EventType_ADDED, Revision: rev, Namespace: ns, Name: "p", Object: []byte("{}")}})
+		}
+	}
+	// take drains w as its writer would, and returns the revisions.
+	take := func(w *watcher) (revs []int64) {
+		for {
+			b := w.take(nil)
+			if len(b) == 0 {
+				return revs
+			}
+			for _, q := range b {
+				revs = append(revs, q.it.ev.Revision)
+			}
+		}
+	}
+	behind := func() int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.behind)
+	}
+
+	put(20)
+	for _, w := range []*watcher{all, mine, passed} {
+		if !w.behind.Load() || w.closedReason() != "" {
+			t.Fatalf("after 20 events: behind=%v closed=%q, want behind and open", w.behind.Load(), w.closedReason())
+		}
+	}
+	if n, urgent := all.level(); n != 4 || !urgent {
+		t.Errorf("level of a watcher behind = %d, %v; want its 4 queued, urgent", n, urgent)
+	}
+	if got := behind(); got != 3 {
+		t.Errorf("%d watchers behind, want 3", got)
+	}
+	if got := take(all); !reflect.DeepEqual(got, seq(1, 20, 1)) {
+		t.Fatalf("watcher of every namespace got %v, want 1..20", got)
+	}
+	if got := take(mine); !reflect.DeepEqual(got, seq(3, 20, 3)) {
+		t.Fatalf("watcher of one namespace got %v, want 3, 6, ..., 18", got)
+	}
+	if all.behind.Load() || mine.behind.Load() || behind() != 1 {
+		t.Fatalf("caught up: behind %v %v, %d in all; want neither, 1 (the one not drained)", all.behind.Load(), mine.behind.Load(), behind())
+	}
+	put(3) // queued again, with the writer woken
+	select {
+	case <-all.wake:
+	default:
+		t.Error("a caught-up watcher was not woken for its next event")
+	}
+	if got := take(all); !reflect.DeepEqual(got, seq(21, 23, 1)) {
+		t.Fatalf("after catching up, got %v, want 21..23", got)
+	}
+
+	// passed was handed 1..4; the ring of 30 drops 5 at event 35.
+	put(11)
+	if r := passed.closedReason(); r != "" {
+		t.Fatalf("closed for %q at 34 events, with the ring still holding 5", r)
+	}
+	put(1)
+	if r := passed.closedReason(); r != reasonQueueFull {
+		t.Fatalf("closed for %q once the ring dropped 5, want %q", r, reasonQueueFull)
+	}
+	if got := take(passed); !reflect.DeepEqual(got, seq(1, 4, 1)) {
+		t.Errorf("the closed watcher's writer got %v, want what it was handed, 1..4", got)
+	}
+	if got := behind(); got != 2 || !all.behind.Load() || !mine.behind.Load() {
+		t.Errorf("%d watchers behind, want 2 (the two others, behind again)", got)
+	}
+	h.leave(all)
+	h.leave(mine)
+	if got := behind(); got != 0 {
+		t.Errorf("%d watchers behind once they left, want 0", got)
+	}
+}
+
+// seq is from, from+step, ..., up to to.
+func seq(from, to, step int64) (s []int64) {
+	for i := from; i <= to; i += step {
+		s = append(s, i)
+	}
+	return s
+}
+
+// A revision queued in part is queued whole past the queue's bounds: a
+// watcher falls behind between revisions (a transaction's events), never
+// inside one, so that the ring, passing it, cannot leave it half a
+// revision. The byte bound makes a watcher fall behind as the event bound
+// does; an empty queue takes an event of any size.
+func TestWatcherFallsBehindBetweenRevisions(t *testing.T) {
+	pods := podsResource(t)
+	all, err := kube.ParseSelector(pods, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHub(pods, nil, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
+	h.isSynced = true
+	byEvents := newWatcher(all, 2, 1<<20)
+	byBytes := newWatcher(all, 100, 10)
+	for _, w := range []*watcher{byEvents, byBytes} {
+		if _, _, ok := h.join(w, 0); !ok {
+			t.Fatal("cannot join")
+		}
+	}
+	ev := func(rev int64, name string) *heraldv1.Event {
+		return &heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: rev, Namespace: "default", Name: name, Object: []byte("12345678")}
+	}
+	h.flush([]*heraldv1.Event{ev(1, "a")})
+	h.flush([]*heraldv1.Event{ev(2, "a"), ev(2, "b"), ev(2, "c")})
+	h.flush([]*heraldv1.Event{ev(3, "a")})
+	for _, tc := range []struct {
+		name   string
+		w      *watcher
+		queued int
+	}{
+		{"by events", byEvents, 4}, // 1, then all of 2 past the bound of 2
+		{"by bytes", byBytes, 1},   // 1 (8 bytes); 2's first event would pass the 10 bytes
+	} {
+		if n := tc.w.queued(); n != tc.queued || !tc.w.behind.Load() {
+			t.Errorf("%s: %d queued, behind %v; want %d, behind", tc.name, n, tc.w.behind.Load(), tc.queued)
+		}
+	}
+	lone := newWatcher(all, 100, 1)
+	if _, _, ok := h.join(lone, 3); !ok {
+		t.Fatal("cannot join")
+	}
+	h.flush([]*heraldv1.Event{ev(4, "a")})
+	if n := lone.queued(); n != 1 || lone.behind.Load() {
+		t.Errorf("an event larger than the byte bound, to an empty queue: %d queued, behind %v; want it queued", n, lone.behind.Load())
+	}
+}
+
+// A watcher behind gets no bookmark at the hub's head until it has caught
+// up: what it has not been sent up to the head is still in the ring, and a
+// client whose stream ended after such a bookmark would resume past it.
+func TestBookmarkTickWaitsForAWatcherBehind(t *testing.T) {
+	pods := podsResource(t)
+	all, err := kube.ParseSelector(pods, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(prometheus.NewRegistry())
+	h := newHub(pods, nil, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.DiscardHandler), m, clock.RealClock{})
+	h.isSynced = true
+	w := newWatcher(all, 2, 1<<20)
+	if _, _, ok := h.join(w, 0); !ok {
+		t.Fatal("cannot join")
+	}
+	for rev := int64(1); rev <= 5; rev++ {
+		obj := fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"default","resourceVersion":"%d"}}`, rev)
+		h.flush([]*heraldv1.Event{{Type: heraldv1.EventType_MODIFIED, Revision: rev, Namespace: "default", Name: "p", Object: []byte(obj)}})
+	}
+	rec := httptest.NewRecorder()
+	st := &stream{w: rec, rc: http.NewResponseController(rec), res: pods, f: jsonLines, enc: testEncoder(t, pods), m: m, clock: clock.RealClock{}, batches: &sync.Pool{}}
+	var batch []queued
+	// tick is one bookmark tick whose drain takes the queue rounds times;
+	// it returns the types and resourceVersions written.
+	tick := func(rounds int) (got []string) {
+		rec.Body.Reset()
+		st.bookmarkTick(h, w, func() int { return st.drain(w, &batch, rounds) })
+		for _, line := range bytes.Split(bytes.TrimSpace(rec.Body.Bytes()), []byte("\n")) {
+			var ev metav1.WatchEvent
+			var obj metav1.PartialObjectMetadata
+			if json.Unmarshal(line, &ev) != nil || json.Unmarshal(ev.Object.Raw, &obj) != nil {
+				t.Fatalf("stream line %q", line)
+			}
+			got = append(got, ev.Type+" "+obj.ResourceVersion)
+		}
+		return got
+	}
+	for _, step := range []struct {
+		rounds int
+		want   []string
+	}{
+		{1, []string{"MODIFIED 1", "MODIFIED 2"}},               // behind, still behind after
+		{8, []string{"MODIFIED 3", "MODIFIED 4", "MODIFIED 5"}}, // behind, caught up by the end
+		{8, []string{"BOOKMARK 5"}},
+	} {
+		if got := tick(step.rounds); !reflect.DeepEqual(got, step.want) {
+			t.Fatalf("bookmark tick: %v, want %v", got, step.want)
+		}
 	}
 }

@@ -563,8 +563,8 @@ func (s *Server) serve(ctx context.Context, st *stream, h *hub, wt *watcher, las
 	// (one frame, one read, one TLS record, one syscall each): the
 	// per-delivery cost that dominates a broadcast. A quiet watch (a
 	// kubelet's) is written to at once. Order and the queue's bounds are
-	// unchanged: events wait in the queue, which overflows as it always
-	// does.
+	// unchanged: events wait in the queue, which overflows (the watcher
+	// falls behind) as it always does.
 	//
 	// A watch that had to wait (busy) waits out the next interval right
 	// after its write, without listening to wake: the events queued
@@ -707,11 +707,16 @@ func (st *stream) closing(drain func() int, bookmarks bool) int {
 // to h's head, then a bookmark at the head. Unless the watcher was closed
 // meanwhile: the hub no longer queues to it, so its head says nothing of
 // what this client got (closing ends the stream with a bookmark at what it
-// did get). It returns how many events it wrote.
+// did get). Nor if it was behind: what it has not been sent up to the head
+// may still be in the ring. It returns how many events it wrote.
 func (st *stream) bookmarkTick(h *hub, wt *watcher, drain func() int) int {
+	// head before behind: only this writer clears behind (catching up, it
+	// queues everything dispatched so far), so a watcher not behind after
+	// head was read has everything up to head queued, for drain to take.
 	head := h.head.Load()
+	behind := wt.behind.Load()
 	n := drain()
-	if wt.closedReason() == "" {
+	if wt.closedReason() == "" && !behind {
 		st.bookmark(max(head, st.last), false)
 	}
 	st.flush()

@@ -62,12 +62,15 @@ var (
 		"Watchers registered on the resource's hub (joined the shared stream).", []string{"resource"}, nil)
 	queueDepthDesc = prometheus.NewDesc("herald_fanout_watch_queue_events",
 		"Events queued to watchers and not yet written, summed over the resource's watchers.", []string{"resource"}, nil)
+	behindDesc = prometheus.NewDesc("herald_fanout_watchers_behind",
+		"The resource's watchers whose queue overflowed: they are written from the resource's ring of recent events until they catch up (closed, reason queue_full, if the ring drops an event they have not been sent).", []string{"resource"}, nil)
 )
 
 func (c replicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- hubRevisionDesc
 	ch <- hubWatchersDesc
 	ch <- queueDepthDesc
+	ch <- behindDesc
 }
 
 func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
@@ -80,7 +83,7 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range hubs {
 		id := h.res.ID()
 		h.mu.Lock()
-		n, depth := h.watchers.n, 0
+		n, depth, behind := h.watchers.n, 0, len(h.behind)
 		h.watchers.every(func(w *watcher) {
 			depth += w.queued()
 		})
@@ -88,5 +91,6 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(hubRevisionDesc, prometheus.GaugeValue, float64(h.head.Load()), id)
 		ch <- prometheus.MustNewConstMetric(hubWatchersDesc, prometheus.GaugeValue, float64(n), id)
 		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(depth), id)
+		ch <- prometheus.MustNewConstMetric(behindDesc, prometheus.GaugeValue, float64(behind), id)
 	}
 }
