@@ -171,9 +171,8 @@ func (h *hub) reset(reason string) {
 	h.watchers.every(func(w *watcher) { w.close(reason) })
 	h.watchers = newWatcherIndex()
 	for w := range h.behind {
-		w.behind.Store(false)
+		h.release(w)
 	}
-	clear(h.behind)
 	h.ring, h.ringBytes = nil, 0
 	h.head.Store(0)
 	h.isSynced = false
@@ -253,8 +252,7 @@ func (h *hub) catchUp(w *watcher) {
 		return
 	}
 	w.cursor = h.seq
-	w.behind.Store(false)
-	delete(h.behind, w)
+	h.release(w)
 }
 
 // refill queues to w the ring's events from the i-th on that it sees, until
@@ -296,6 +294,12 @@ func (h *hub) dropPassed() {
 func (h *hub) drop(w *watcher) {
 	w.close(reasonQueueFull)
 	h.watchers.remove(w)
+	h.release(w)
+}
+
+// release ends w's being behind, if it is: it has caught up, or it is
+// closed or gone. Called with mu held.
+func (h *hub) release(w *watcher) {
 	w.behind.Store(false)
 	delete(h.behind, w)
 }
@@ -323,8 +327,7 @@ func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool)
 func (h *hub) leave(w *watcher) {
 	h.mu.Lock()
 	h.watchers.remove(w)
-	w.behind.Store(false)
-	delete(h.behind, w)
+	h.release(w)
 	h.mu.Unlock()
 }
 
