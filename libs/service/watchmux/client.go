@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -34,7 +35,12 @@ type Client struct {
 	Retry time.Duration
 	// OpenTimeout bounds the wait for a session's response (0: 10s).
 	OpenTimeout time.Duration
-	Log         *slog.Logger
+	// SharedWindow is the window of shared bytes a session asks for
+	// (0: DefaultSharedWindow; brought within DefaultSharedWindow and
+	// MaxSharedWindow): this end keeps up to that much of them per
+	// session. See the package's documentation.
+	SharedWindow int
+	Log          *slog.Logger
 
 	mu      sync.Mutex
 	servers map[string]*server
@@ -117,6 +123,23 @@ func (c *Client) session(ctx context.Context, key string) (*clientSession, error
 	}
 }
 
+// keepShared sets up the session's shared bytes, in the window the server
+// answered (v): at most the one asked for, or the server would refer to
+// bytes this end no longer keeps. A server that answers otherwise is asked
+// without sessions for a while (errNoSessions): its watches go on streams
+// of their own rather than fail.
+func (s *clientSession) keepShared(v string, asked int) error {
+	window, err := parseWindow(v)
+	if err == nil && window > asked {
+		err = fmt.Errorf("the server keeps a shared window of %d bytes, more than the %d asked for", window, asked)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNoSessions, err)
+	}
+	s.shared = newSharedBytes(window)
+	return nil
+}
+
 // open opens a session to key for op.
 func (c *Client) open(key string, srv *server, op *opening) {
 	var resp *http.Response
@@ -126,6 +149,9 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	if err == nil {
 		req.Header.Set("Content-Type", ContentType)
 		req.Header.Set(SharedHeader, "1")
+		if c.SharedWindow > 0 {
+			req.Header.Set(SharedWindowHeader, strconv.Itoa(clampWindow(c.SharedWindow)))
+		}
 		timeout := c.OpenTimeout
 		if timeout <= 0 {
 			timeout = 10 * time.Second
@@ -141,6 +167,8 @@ func (c *Client) open(key string, srv *server, op *opening) {
 			err = fmt.Errorf("watchmux: session refused (%s)", resp.Status)
 		case resp.StatusCode != http.StatusOK || resp.ProtoMajor < 2 || resp.Header.Get("Content-Type") != ContentType:
 			err = fmt.Errorf("%w (%s)", errNoSessions, resp.Status)
+		case resp.Header.Get(SharedHeader) == "1":
+			err = s.keepShared(resp.Header.Get(SharedWindowHeader), clampWindow(c.SharedWindow))
 		}
 		if err != nil && resp != nil {
 			// The request's body ends first: closing the response waits
@@ -153,9 +181,6 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	srv.opening = nil
 	switch {
 	case err == nil:
-		if resp.Header.Get(SharedHeader) == "1" {
-			s.shared = &sharedBytes{}
-		}
 		// Listed before its reader starts, which drops it when it ends.
 		srv.sessions = append(srv.sessions, s)
 		op.s = s

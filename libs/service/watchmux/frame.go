@@ -31,9 +31,14 @@
 // it once, numbered (1, 2, ... in the order sent; the frame's stream field
 // is its number), and each stream's refs frame names the numbers whose
 // bytes are its body's next bytes. Both ends keep the latest shared bytes,
-// up to sharedWindow bytes and maxShared of them, and forget the oldest
-// first, at the same frame: fanout refers only to bytes frontdoor still
-// holds, and sends them again otherwise.
+// up to the session's window of bytes (frontdoor asks for one,
+// SharedWindowHeader; fanout answers with the one it uses) and one number
+// per windowPerShared of them, and forget the oldest first, at the same
+// frame: fanout refers only to bytes frontdoor still holds, and sends them
+// again otherwise. So the window bounds how far apart, in bytes of shared
+// events, the watches of a session can be and still have each event cross
+// once: a broadcast past the machine's capacity spreads its watches out,
+// and a window they outgrow sends every event again for each of them.
 //
 // Flow control is per stream, by credit, as HTTP/2's is: a stream sends at
 // most window bytes of its body that frontdoor has not read yet (a refs
@@ -49,6 +54,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // Path is the session endpoint of a fanout replica.
@@ -112,12 +118,19 @@ const (
 	// maxSessionStreams bounds a session's open streams (frontdoor opens
 	// at most 500).
 	maxSessionStreams = 10000
-	// sharedWindow and maxShared bound the shared bytes each end of a
-	// session keeps, also while it is idle: at 100 events/s of 1.5 KB,
-	// the last 3 s of them, where a paced watch refers to those of the
-	// last 50 ms and one that lags further gets them sent again.
-	sharedWindow = 512 << 10
-	maxShared    = 2048
+	// DefaultSharedWindow is the window of a session whose request or
+	// response does not name one (an older frontdoor or replica): at 100
+	// events/s of 1.5 KB, the last 3 s of them.
+	DefaultSharedWindow = 512 << 10
+	// MaxSharedWindow bounds the window a session may use (each end keeps
+	// up to that much, also while it is idle); DefaultSharedWindow is the
+	// least, so that a replica that does not name one never keeps more
+	// than frontdoor asked for.
+	MaxSharedWindow = 256 << 20
+	// windowPerShared: a window keeps one number per this many of its
+	// bytes at most (2,048 for the default window), bounding the
+	// bookkeeping of small shared bytes.
+	windowPerShared = 256
 	// minShared: shorter shared bytes are sent as data (a reference and
 	// its bookkeeping would cost about as much).
 	minShared = 128
@@ -130,6 +143,30 @@ const (
 // both ends said so (an older replica or frontdoor does not).
 const SharedHeader = "Herald-Watchmux-Shared"
 
+// SharedWindowHeader, on a session's request, is the window (in bytes)
+// frontdoor asks for; on the response, the one fanout uses, at most the one
+// asked for (a request past MaxSharedWindow gets that), which frontdoor
+// then keeps too. Without it, on either, the session's window is
+// DefaultSharedWindow.
+const SharedWindowHeader = "Herald-Watchmux-Shared-Window"
+
+// parseWindow reads a SharedWindowHeader value: DefaultSharedWindow if
+// empty; an error if it is not a number within the bounds.
+func parseWindow(v string) (int, error) {
+	if v == "" {
+		return DefaultSharedWindow, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < DefaultSharedWindow || n > MaxSharedWindow {
+		return 0, fmt.Errorf("watchmux: shared window %q is not a number of bytes from %d to %d", v, DefaultSharedWindow, MaxSharedWindow)
+	}
+	return n, nil
+}
+
+// clampWindow brings a window asked for within the bounds (0:
+// DefaultSharedWindow).
+func clampWindow(n int) int { return min(max(n, DefaultSharedWindow), MaxSharedWindow) }
+
 // sharedBytes is the shared bytes one end of a session keeps, in the order
 // they were sent; both ends apply the same rule (add), so they forget the
 // same bytes at the same frame.
@@ -137,7 +174,10 @@ type sharedBytes struct {
 	blobs  [][]byte // blobs[i] is number forgot+1+i
 	forgot uint32   // numbers 1 to forgot are forgotten
 	size   int
+	window int // bound on size
 }
+
+func newSharedBytes(window int) *sharedBytes { return &sharedBytes{window: window} }
 
 // next is the number the next shared bytes get. Numbers wrap around
 // (after 2^32 shared frames, days of a busy session): every comparison is
@@ -147,7 +187,7 @@ func (s *sharedBytes) next() uint32 { return s.forgot + 1 + uint32(len(s.blobs))
 // add keeps b as the next number, forgetting the oldest first as the
 // bounds require; forget (if not nil) is called with each one forgotten.
 func (s *sharedBytes) add(b []byte, forget func(num uint32, b []byte)) {
-	for len(s.blobs) > 0 && (s.size+len(b) > sharedWindow || len(s.blobs) >= maxShared) {
+	for len(s.blobs) > 0 && (s.size+len(b) > s.window || len(s.blobs) >= s.window/windowPerShared) {
 		s.forgot++
 		if forget != nil {
 			forget(s.forgot, s.blobs[0])

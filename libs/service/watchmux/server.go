@@ -85,8 +85,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ss := &session{srv: s, num: sessions.Add(1), ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
 		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{}}
 	if r.Header.Get(SharedHeader) == "1" {
+		asked := r.Header.Get(SharedWindowHeader)
+		if n, err := strconv.Atoi(asked); err == nil && n > MaxSharedWindow {
+			asked = strconv.Itoa(MaxSharedWindow) // a frontdoor whose bound is larger keeps less
+		}
+		window, err := parseWindow(asked)
+		if err != nil {
+			cancel()
+			s.logger().Warn("watchmux session refused", "remote", r.RemoteAddr, "err", err)
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		ss.shared = map[*byte]sharedNum{}
+		ss.sent.window = window
 		w.Header().Set(SharedHeader, "1")
+		w.Header().Set(SharedWindowHeader, strconv.Itoa(window))
 	}
 	s.mu.Lock()
 	if s.closing {

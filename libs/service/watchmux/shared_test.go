@@ -70,16 +70,23 @@ func segmentedBody(name string, shared [][]byte, writes int) string {
 type wireCounter struct {
 	rt         http.RoundTripper
 	dropShared bool
+	dropWindow bool // SharedWindowHeader, from requests and responses (an older replica)
 	bytes      atomic.Int64
 	shared     atomic.Int32 // sessions whose response said shared
 }
 
 func (c *wireCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPost && c.dropShared {
+	if r.Method == http.MethodPost && (c.dropShared || c.dropWindow) {
 		r = r.Clone(r.Context())
-		r.Header.Del(SharedHeader)
+		if c.dropShared {
+			r.Header.Del(SharedHeader)
+		}
+		r.Header.Del(SharedWindowHeader)
 	}
 	resp, err := c.rt.RoundTrip(r)
+	if err == nil && r.Method == http.MethodPost && c.dropWindow {
+		resp.Header.Del(SharedWindowHeader)
+	}
 	if err == nil && r.Method == http.MethodPost {
 		if resp.Header.Get(SharedHeader) == "1" {
 			c.shared.Add(1)
@@ -146,27 +153,32 @@ func firstDiff(a, b string) int {
 // bytes each get every byte of their body, in order, while the session
 // carries the shared bytes about once: also when they are more than both
 // ends keep (the oldest are forgotten and sent again, so that the session
-// carries about what it would as data), by size and by number.
+// carries about what it would as data), by size and by number, and once
+// again when the client asked for a window that holds them.
 func TestSharedSegments(t *testing.T) {
+	maxShared := DefaultSharedWindow / windowPerShared
 	for _, tc := range []struct {
 		name          string
 		shared        [][]byte
 		writes        int
+		window        int     // Client.SharedWindow
 		maxWireFactor float64 // wire bytes at most this times the body bytes
 	}{
-		{"few", blobs(5, 2000), 200, 0.2},
+		{"few", blobs(5, 2000), 200, 0, 0.2},
 		{"prefixes of one another", func() [][]byte {
 			b := blobs(1, 2000)[0]
 			return [][]byte{b[:200], b[:300], b[:1000], b} // one of them kept at a time: sent again
-		}(), 200, 1.1},
-		{"more than the window's bytes", blobs(30, 100<<10), 60, 1.1},
-		{"more than the window's number", blobs(maxShared+500, minShared), 2 * (maxShared + 500), 1.1},
+		}(), 200, 0, 1.1},
+		{"more than the window's bytes", blobs(30, 100<<10), 60, 0, 1.1},
+		{"more than the window's number", blobs(maxShared+500, minShared), 2 * (maxShared + 500), 0, 1.1},
+		{"within a larger window's bytes", blobs(30, 100<<10), 60, 4 << 20, 0.2},
+		{"within a larger window's number", blobs(maxShared+500, minShared), 2 * (maxShared + 500), 4 << 20, 0.2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const streams = 8
 			srv, _ := serve(t, true, segmented(tc.shared, tc.writes))
 			wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
-			c := &Client{Transport: wc, MaxStreams: streams}
+			c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: tc.window}
 			t.Cleanup(c.Close)
 			body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, tc.shared, tc.writes) })
 			if wc.shared.Load() != 1 {
@@ -197,6 +209,105 @@ func TestSharedNeedsBothEnds(t *testing.T) {
 	}
 }
 
+// TestSharedWindowBounds: a session's request naming a window that is not
+// a number of bytes, or one below the default, gets 400; one that names
+// none, a valid one or one past the largest is answered with the window
+// the session uses.
+func TestSharedWindowBounds(t *testing.T) {
+	srv, _ := serve(t, true, lines(1))
+	for _, tc := range []struct {
+		asked      string
+		wantStatus int
+		wantWindow string
+	}{
+		{"", http.StatusOK, strconv.Itoa(DefaultSharedWindow)},
+		{strconv.Itoa(16 << 20), http.StatusOK, strconv.Itoa(16 << 20)},
+		{strconv.Itoa(DefaultSharedWindow - 1), http.StatusBadRequest, ""},
+		{strconv.Itoa(MaxSharedWindow + 1), http.StatusOK, strconv.Itoa(MaxSharedWindow)},
+		{"16MiB", http.StatusBadRequest, ""},
+	} {
+		t.Run("asked "+tc.asked, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+Path, pr)
+			req.Header.Set("Content-Type", ContentType)
+			req.Header.Set(SharedHeader, "1")
+			if tc.asked != "" {
+				req.Header.Set(SharedWindowHeader, tc.asked)
+			}
+			tr := &http.Transport{Protocols: service.ClientProtocols()}
+			defer tr.CloseIdleConnections()
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.wantStatus || resp.Header.Get(SharedWindowHeader) != tc.wantWindow {
+				t.Fatalf("status %d, window %q; want %d, %q", resp.StatusCode, resp.Header.Get(SharedWindowHeader), tc.wantStatus, tc.wantWindow)
+			}
+		})
+	}
+}
+
+// TestSharedWindowLargerThanAsked: a server that answers with a window
+// larger than the client asked for (it would refer to bytes the client no
+// longer keeps) gets no session: the watch goes on a stream of its own.
+func TestSharedWindowLargerThanAsked(t *testing.T) {
+	srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != Path {
+			io.WriteString(w, "on its own stream")
+			return
+		}
+		w.Header().Set("Content-Type", ContentType)
+		w.Header().Set(SharedHeader, "1")
+		w.Header().Set(SharedWindowHeader, strconv.Itoa(2*DefaultSharedWindow))
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	c, ct := client(t, 8)
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	defer resp.Body.Close()
+	if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "on its own stream" {
+		t.Fatalf("body %q, %v", body, err)
+	}
+	if ct.requests(http.MethodPost) != 1 || ct.requests(http.MethodGet) != 1 {
+		t.Fatalf("%d session requests and %d of their own, want 1 and 1", ct.requests(http.MethodPost), ct.requests(http.MethodGet))
+	}
+}
+
+// TestSharedWindowOlderServer: a client that asks for a larger window from
+// a server that does not know the header (an older replica: the header
+// goes unread and unanswered) keeps the default window, as the server
+// does: more shared bytes than it holds are sent again (the session
+// carries more than with a server that takes the larger window), and every
+// body is whole.
+func TestSharedWindowOlderServer(t *testing.T) {
+	// One stream: what the session carries depends on the windows only,
+	// not on how streams interleave.
+	const streams = 1
+	shared := blobs(DefaultSharedWindow/windowPerShared+500, minShared)
+	writes := 2 * len(shared)
+	wire := map[bool]int64{}
+	for _, older := range []bool{false, true} {
+		srv, _ := serve(t, true, segmented(shared, writes))
+		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropWindow: older}
+		c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: 4 << 20}
+		readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
+		c.Close()
+		if wc.shared.Load() != 1 {
+			t.Fatalf("older=%v: %d sessions said shared, want 1", older, wc.shared.Load())
+		}
+		wire[older] = wc.bytes.Load()
+	}
+	t.Logf("wire bytes: %d with an older server, %d with one that keeps the window asked for", wire[true], wire[false])
+	if 2*wire[true] < 3*wire[false] {
+		t.Errorf("the session carried %d bytes with an older server and %d with one that keeps the window asked for: the older one kept more than the default", wire[true], wire[false])
+	}
+}
+
 // TestRefsToBytesNotKept: a server that refers to shared bytes the client
 // does not keep (or sends shared bytes out of order) breaks the session:
 // the stream's body fails, it does not end as if complete.
@@ -219,7 +330,7 @@ func TestRefsToBytesNotKept(t *testing.T) {
 		{"refs of 3 bytes", appendFrame(appendFrame(nil, frameShared, 1, blob), frameRefs, 1, []byte{0, 0, 1})},
 		{"forgotten", func() []byte {
 			var b []byte
-			for n := range uint32(maxShared + 1) {
+			for n := range uint32(DefaultSharedWindow/windowPerShared + 1) {
 				b = appendFrame(b, frameShared, n+1, blob)
 			}
 			return appendFrame(b, frameRefs, 1, ref(1))
@@ -257,10 +368,10 @@ func TestRefsToBytesNotKept(t *testing.T) {
 // TestSharedBytesForget: both ends forget the oldest shared bytes first,
 // by total size and by number.
 func TestSharedBytesForget(t *testing.T) {
-	var s sharedBytes
+	s := newSharedBytes(DefaultSharedWindow)
 	var forgot []uint32
 	forget := func(n uint32, _ []byte) { forgot = append(forgot, n) }
-	big := make([]byte, sharedWindow/4)
+	big := make([]byte, DefaultSharedWindow/4)
 	for range 4 {
 		s.add(big, forget)
 	}
@@ -276,18 +387,18 @@ func TestSharedBytesForget(t *testing.T) {
 			t.Fatalf("%d forgotten too", n)
 		}
 	}
-	var c sharedBytes
-	for range maxShared + 1 {
+	c := newSharedBytes(DefaultSharedWindow)
+	for range DefaultSharedWindow/windowPerShared + 1 {
 		c.add([]byte{1}, nil)
 	}
 	if _, ok := c.get(1); ok {
-		t.Fatal("kept more than maxShared")
+		t.Fatal("kept more numbers than the window allows")
 	}
 	if _, ok := c.get(2); !ok {
 		t.Fatal("forgot more than the oldest")
 	}
 	// Numbers wrap around.
-	w := sharedBytes{forgot: math.MaxUint32 - 1}
+	w := sharedBytes{forgot: math.MaxUint32 - 1, window: DefaultSharedWindow}
 	for i := range 3 {
 		if n := w.next(); n != uint32(math.MaxUint32+i) {
 			t.Fatalf("number %d is %d", i, n)

@@ -37,9 +37,33 @@ type item struct {
 
 	// shared: a hub's item, which every watcher of the resource may write
 	// (a catch-up's is its stream's alone): a session sends its encodings
-	// once (stream.event).
+	// once (stream.event), if more than one watcher was handed it (wanted,
+	// counted up to 2, see sharedByMany).
 	shared bool
+	wanted atomic.Int32
 }
+
+// handed counts a watcher the item was queued to (watcher.push: dispatch
+// and the catch-up of one that is behind) or written to from the ring when
+// it joined (hub.join).
+func (it *item) handed() {
+	if it.wanted.Load() < 2 {
+		it.wanted.Add(1)
+	}
+}
+
+// sharedByMany reports whether a session sends the item's encodings as
+// shared bytes, which every watch of the session that gets them refers to.
+// Only a hub's item queued to more than one watcher: one that a single
+// watcher gets (a kubelet's pod, watched by its node only) goes as that
+// watch's own bytes, which cost the session less than a shared frame and
+// its reference and would only take room in the session's window of
+// shared bytes from events that many of its watches get; a second watcher
+// handed it later (joining from the ring, or catching up) makes it shared
+// from then on. A writer that takes an event while dispatch is still
+// handing it to the other watchers may send it as its own: both are
+// correct, the bytes are the same.
+func (it *item) sharedByMany() bool { return it.shared && it.wanted.Load() > 1 }
 
 func newItem(ev *heraldv1.Event) *item { return &item{ev: ev} }
 

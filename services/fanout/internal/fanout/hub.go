@@ -314,6 +314,10 @@ func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool)
 		return nil, 0, false
 	}
 	for i := len(h.ring) - 1; i >= 0 && h.ring[i].ev.Revision > rev; i-- {
+		// Counted as handed (whether or not w's selector takes it): a
+		// wave of watches that join after a restart or a rebalance gets
+		// the backlog's encodings once per session (item.sharedByMany).
+		h.ring[i].handed()
 		backlog = append(backlog, h.ring[i])
 	}
 	for i, j := 0, len(backlog)-1; i < j; i, j = i+1, j-1 {

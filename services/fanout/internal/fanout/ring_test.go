@@ -330,3 +330,49 @@ func TestBookmarkTickWaitsForAWatcherBehind(t *testing.T) {
 		}
 	}
 }
+
+// A hub's event goes by reference on a session only once more than one
+// watcher was handed it: queued by dispatch, or written from the ring to a
+// watcher that joins (a wave of resumes after a restart shares the
+// backlog); one queued to a single watcher (a kubelet's pod) goes as that
+// watch's own bytes.
+func TestItemsSharedByMany(t *testing.T) {
+	pods := podsResource(t)
+	all, err := kube.ParseSelector(pods, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHub(pods, nil, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
+	h.mu.Lock()
+	h.isSynced = true
+	h.mu.Unlock()
+	if _, _, ok := h.join(newWatcher(all, 100, 1<<20), 0); !ok {
+		t.Fatal("join failed")
+	}
+	dispatch := func(rev int64) *item {
+		it := newItem(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: rev, Namespace: "default", Name: "p", Object: []byte(`{}`)})
+		it.shared = true
+		h.mu.Lock()
+		h.dispatch(it)
+		h.head.Store(rev)
+		h.mu.Unlock()
+		return it
+	}
+	one := dispatch(1)
+	if one.sharedByMany() {
+		t.Fatal("an event queued to one watcher goes by reference")
+	}
+	backlog, _, ok := h.join(newWatcher(all, 100, 1<<20), 0)
+	if !ok || len(backlog) != 1 || backlog[0] != one {
+		t.Fatalf("second join: ok=%v backlog=%d", ok, len(backlog))
+	}
+	if !one.sharedByMany() {
+		t.Error("the backlog of a second watcher does not go by reference")
+	}
+	if two := dispatch(2); !two.sharedByMany() {
+		t.Error("an event queued to two watchers does not go by reference")
+	}
+	if catchUp := newItem(&heraldv1.Event{Revision: 3}); catchUp.sharedByMany() {
+		t.Error("a catch-up's event goes by reference")
+	}
+}

@@ -56,8 +56,9 @@ func (w *segmentRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
 
 // TestSessionStreamSharesEncodings: a watch on a session stream writes
 // each batch as one WriteSegments whose bytes are what a plain stream
-// writes; the encodings of the hub's events go by reference (the very
-// bytes every watch of the item writes), a catch-up's events and the
+// writes; the encodings of the hub's events that more than one watcher was
+// handed go by reference (the very bytes every watch of the item writes),
+// those of one handed to a single watcher, a catch-up's events and the
 // stream's own lines (bookmarks) as its own bytes; a batch over batchBytes
 // is written in pieces no larger.
 func TestSessionStreamSharesEncodings(t *testing.T) {
@@ -67,22 +68,36 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 	newStream := func(w http.ResponseWriter) *stream {
 		return &stream{w: w, rc: http.NewResponseController(w), res: res, f: jsonLines, enc: enc, m: m, clock: clock.RealClock{}, batches: &sync.Pool{}}
 	}
-	mkItem := func(rev int64, shared bool, pad int) *item {
+	// mkItem: a hub's item (shared) handed to that many watchers, or a
+	// catch-up's.
+	mkItem := func(rev int64, shared bool, watchers, pad int) *item {
 		obj := fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"%d","labels":{"pad":%q}}}`, rev, strings.Repeat("x", pad))
 		it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: []byte(obj)})
 		it.shared = shared
+		for range watchers {
+			w := &watcher{max: 10, maxBytes: 1 << 20}
+			w.push(it, kube.AsModified, int64(len(obj)))
+		}
 		return it
 	}
 	for _, tc := range []struct {
-		name  string
-		items []*item
+		name      string
+		items     []*item
+		byRefRevs map[int64]bool // the revisions that go by reference
 	}{
-		{"hub and catch-up", []*item{mkItem(1, true, 200), mkItem(2, false, 200), mkItem(3, true, 200)}},
+		{"hub and catch-up", []*item{mkItem(1, true, 3, 200), mkItem(2, false, 0, 200), mkItem(3, true, 2, 200)}, map[int64]bool{1: true, 3: true}},
+		{"hub's, handed to one watcher", []*item{mkItem(1, true, 1, 200), mkItem(2, true, 1000, 200), mkItem(3, true, 1, 200)}, map[int64]bool{2: true}},
 		{"over batchBytes", func() (its []*item) {
 			for rev := range int64(60) {
-				its = append(its, mkItem(rev+1, rev%3 != 0, 1000))
+				its = append(its, mkItem(rev+1, rev%3 != 0, 2, 1000))
 			}
 			return its
+		}(), func() map[int64]bool {
+			m := map[int64]bool{}
+			for rev := range int64(60) {
+				m[rev+1] = rev%3 != 0
+			}
+			return m
 		}()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,8 +138,9 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 				t.Errorf("%d writes for %d bytes", len(rec.writes), len(got))
 			}
 			for _, it := range tc.items {
-				if line := it.line(kube.AsModified); shared[unsafe.SliceData(line)] != it.shared {
-					t.Errorf("revision %d (hub's: %v) went by reference: %v", it.ev.Revision, it.shared, !it.shared)
+				rev := it.ev.Revision
+				if got := shared[unsafe.SliceData(it.line(kube.AsModified))]; got != tc.byRefRevs[rev] {
+					t.Errorf("revision %d went by reference: %v, want %v", rev, got, tc.byRefRevs[rev])
 				}
 			}
 		})

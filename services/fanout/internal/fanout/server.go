@@ -923,7 +923,7 @@ func (st *stream) event(it *item, t kube.Transition) {
 	if tl := st.traceLine(it); tl != nil {
 		st.raw(tl)
 	}
-	st.add(b, it.shared)
+	st.add(b, it.sharedByMany())
 	if st.err != nil {
 		return
 	}

@@ -131,6 +131,7 @@ func (w *watcher) push(it *item, t kube.Transition, n int64) (k int, total int64
 	}
 	w.pending = append(w.pending, queued{it, t})
 	w.lastRev = rev
+	it.handed()
 	return len(w.pending), w.bytes.Add(n), true
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"herald.dev/libs/service"
+	"herald.dev/libs/service/watchmux"
 )
 
 // Config is the whole configuration of a frontdoor replica. Flags are named
@@ -62,6 +63,7 @@ type Config struct {
 	ShutdownGracePeriod   time.Duration
 	FanoutDialTimeout     time.Duration
 	FanoutResponseTimeout time.Duration
+	FanoutSharedWindow    int
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -94,6 +96,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.FanoutRebalanceShare, "fanout.rebalance-max-share", 0.1, "Largest share of this frontdoor's watches ended per rebalance interval (at least one).")
 	fs.DurationVar(&c.FanoutDialTimeout, "fanout.dial-timeout", 2*time.Second, "Timeout to connect to a fanout replica before trying the next.")
 	fs.DurationVar(&c.FanoutResponseTimeout, "fanout.response-timeout", 30*time.Second, "Time a fanout replica has to start answering a watch.")
+	fs.IntVar(&c.FanoutSharedWindow, "fanout.shared-window", 16<<20, "Bytes of recent watch events each session with a fanout replica (up to 500 watches) keeps, here and in the replica, so that an event that several of its watches get crosses once: while those watches are at most this many bytes of events apart. A broadcast past the machine's capacity spreads its watches out; a window they outgrow sends each event again for every one of them, which costs more CPU, and they fall further apart. Memory: up to this much per session, here and in the replica (there on top of its ring-bytes), once that many bytes of events went to more than one watch of it; 10,000 watches take 20 or more sessions. From 524288 (what a replica that predates the setting keeps) to 268435456.")
 
 	c.RegistryConfig.RegisterFlags(fs)
 
@@ -155,6 +158,9 @@ func (c *Config) Validate() error {
 		if n <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
+	}
+	if c.FanoutSharedWindow < watchmux.DefaultSharedWindow || c.FanoutSharedWindow > watchmux.MaxSharedWindow {
+		errs = append(errs, fmt.Errorf("fanout.shared-window must be from %d to %d bytes", watchmux.DefaultSharedWindow, watchmux.MaxSharedWindow))
 	}
 	if c.MaxWatchesPerUser < 0 {
 		errs = append(errs, errors.New("max-watches-per-user must not be negative (0: no per-user bound)"))

@@ -309,7 +309,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	}
 	// Watches go as streams of sessions (watchmux), one HTTP/2 stream
 	// carrying many; to a replica without sessions, each on its own.
-	p.transport = &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, Log: log}
+	p.transport = &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
 	p.streams = map[net.Conn]context.CancelFunc{}
 	p.noStreams = sync.NewCond(&p.streamsMu)
 	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }
