@@ -135,6 +135,11 @@ type Runner struct {
 	// metrics: what the servers cost a fleet of idle watchers), logged
 	// before the warm-up.
 	Idle time.Duration
+	// IdleAfter, when set, logs each Mem process's heap in use (after a
+	// forced GC) once the measured writes are delivered, with the
+	// watchers still open, and again after this long without writes:
+	// what a server keeps for a burst that is over.
+	IdleAfter time.Duration
 	// ClientCPUs: how many CPUs the load client was pinned to (CPUPlan; 0:
 	// not pinned). A client busy on nearly all of them slows both systems'
 	// deliveries alike; Run warns and the report says how busy it was.
@@ -403,6 +408,20 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 		d := h.since(stages0[i])
 		res.Stages = append(res.Stages, StageLatency{Name: st.Name, Count: uint64(d.counts[len(d.counts)-1]), P50: d.quantile(0.5), P99: d.quantile(0.99)})
+	}
+	if r.IdleAfter > 0 {
+		heaps := func() map[string]uint64 {
+			out := map[string]uint64{}
+			for _, m := range t.Mem {
+				if h, err := m.Heap(ctx); err == nil {
+					out[m.Name] = h
+				}
+			}
+			return out
+		}
+		after := heaps()
+		time.Sleep(r.IdleAfter)
+		r.Log.Info("heap in use by process (bytes), after the writes and after idle", "target", t.Name, "workload", w.Name, "over", r.IdleAfter, "after", after, "idle", heaps())
 	}
 	if res.Terminated >= 0 {
 		if v, err := t.Terminated(ctx); err == nil {

@@ -56,6 +56,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "Report file.")
 	flag.StringVar(&o.dir, "dir", "", "Work directory for state, logs and profiles (empty: a temporary one, removed afterwards).")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per workload.")
+	flag.DurationVar(&o.idleAfter, "idle-after", 0, "Once a workload's writes are delivered, log each fanout and frontdoor process's heap in use, then again after this long with the watchers open and no writes (0: not measured).")
 	flag.DurationVar(&o.idle, "idle", 0, "With the watchers open and before any write, measure each server process's CPU over this long without writes, and log it (0: not measured).")
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
 	flag.DurationVar(&o.settle, "settle", 90*time.Second, "Unmeasured writes at each workload's rate before its watchers open, so that kube-apiserver's watch cache history reaches its steady state (it grows while it holds less than about 75 s of events).")
@@ -77,7 +78,7 @@ func main() {
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
 	proto, clientCPUs                              string
-	duration, warmup, settle, idle                 time.Duration
+	duration, warmup, settle, idle, idleAfter      time.Duration
 	rounds, memPods, replicas                      int
 }
 
@@ -274,7 +275,7 @@ func run(o options) error {
 	}
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, ClientCPUs: len(cpus.Client)}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client)}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())

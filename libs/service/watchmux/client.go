@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,7 +45,12 @@ type Client struct {
 
 	mu      sync.Mutex
 	servers map[string]*server
+
+	sharedKept atomic.Int64 // SharedBytes
 }
+
+// SharedBytes is the size of the shared bytes the client's sessions keep.
+func (c *Client) SharedBytes() int64 { return c.sharedKept.Load() }
 
 // server is the client's sessions to one server (scheme://host).
 type server struct {
@@ -136,7 +142,7 @@ func (s *clientSession) keepShared(v string, asked int) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNoSessions, err)
 	}
-	s.shared = newSharedBytes(window)
+	s.shared = newSharedBytes(window, &s.c.sharedKept)
 	return nil
 }
 
@@ -149,6 +155,7 @@ func (c *Client) open(key string, srv *server, op *opening) {
 	if err == nil {
 		req.Header.Set("Content-Type", ContentType)
 		req.Header.Set(SharedHeader, "1")
+		req.Header.Set(ForgetHeader, "1")
 		if c.SharedWindow > 0 {
 			req.Header.Set(SharedWindowHeader, strconv.Itoa(clampWindow(c.SharedWindow)))
 		}
@@ -169,6 +176,7 @@ func (c *Client) open(key string, srv *server, op *opening) {
 			err = fmt.Errorf("%w (%s)", errNoSessions, resp.Status)
 		case resp.Header.Get(SharedHeader) == "1":
 			err = s.keepShared(resp.Header.Get(SharedWindowHeader), clampWindow(c.SharedWindow))
+			s.forgets = resp.Header.Get(ForgetHeader) == "1"
 		}
 		if err != nil && resp != nil {
 			// The request's body ends first: closing the response waits
@@ -276,8 +284,10 @@ type clientSession struct {
 	// to (nil: the session does not use them); refBuf, refs: a refs
 	// frame, and the bytes it refers to. The reader's only.
 	shared *sharedBytes
-	refBuf [4 * maxRefs]byte
-	refs   [][]byte
+	// forgets: the server sends forget frames (ForgetHeader).
+	forgets bool
+	refBuf  [4 * maxRefs]byte
+	refs    [][]byte
 }
 
 // errIdle ends a session that had no streams for sessionIdle.
@@ -399,6 +409,9 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 func (s *clientSession) read(body io.ReadCloser) {
 	br := bufio.NewReaderSize(body, 64<<10)
 	err := s.readFrames(br)
+	if s.shared != nil {
+		s.shared.release()
+	}
 	if err == nil || errors.Is(err, io.EOF) {
 		err = errSessionEnded
 	} else if errors.Is(err, errProtocol) {
@@ -481,6 +494,10 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 				return err
 			}
 			s.shared.add(b, nil)
+		case frameForget:
+			if s.shared == nil || !s.forgets || !s.shared.forgetThrough(id, nil) {
+				return fmt.Errorf("%w: forget through shared bytes %d unexpected", errProtocol, id)
+			}
 		case frameRefs:
 			if s.shared == nil || n%4 != 0 {
 				return fmt.Errorf("%w: refs of %d bytes unexpected", errProtocol, n)

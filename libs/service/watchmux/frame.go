@@ -24,6 +24,7 @@
 //	                      end    the body's end (empty) or why it failed
 //	                      shared bytes that streams of the session refer to
 //	                      refs   bytes of the body: shared bytes, by number
+//	                      forget shared bytes up to a number are forgotten
 //
 // Shared bytes (a session that negotiated them, see SharedHeader): a watch
 // event's encoding is the same for every watch of the session that sees
@@ -39,6 +40,12 @@
 // events, the watches of a session can be and still have each event cross
 // once: a broadcast past the machine's capacity spreads its watches out,
 // and a window they outgrow sends every event again for each of them.
+// A window is the most a session keeps, not what it keeps while quiet:
+// where both ends said so (ForgetHeader), fanout forgets the oldest shared
+// bytes no stream referred to for a while (Server.SharedIdle) and tells
+// frontdoor in a forget frame, in order with every other frame, so that
+// an idle session keeps none and a busy one about what its streams still
+// refer to.
 //
 // Flow control is per stream, by credit, as HTTP/2's is: a stream sends at
 // most window bytes of its body that frontdoor has not read yet (a refs
@@ -55,6 +62,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync/atomic"
+	"time"
 )
 
 // Path is the session endpoint of a fanout replica.
@@ -74,6 +83,7 @@ const (
 	frameEnd
 	frameShared
 	frameRefs
+	frameForget
 )
 
 func (t frameType) String() string {
@@ -94,6 +104,8 @@ func (t frameType) String() string {
 		return "shared"
 	case frameRefs:
 		return "refs"
+	case frameForget:
+		return "forget"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -150,6 +162,19 @@ const SharedHeader = "Herald-Watchmux-Shared"
 // DefaultSharedWindow.
 const SharedWindowHeader = "Herald-Watchmux-Shared-Window"
 
+// ForgetHeader, on a session's request, says that frontdoor understands
+// forget frames; on the response, that fanout sends them. Without it on
+// both (an older frontdoor or replica), shared bytes are forgotten only as
+// the window requires.
+const ForgetHeader = "Herald-Watchmux-Shared-Forget"
+
+// DefaultSharedIdle is how long, at least, the oldest shared bytes stay
+// kept with no stream referring to them (Server.SharedIdle's default): longer than a
+// broadcast's watches lag behind each other unless the machine is past its
+// capacity, and short enough that a session's window is memory only while
+// it is used.
+const DefaultSharedIdle = 30 * time.Second
+
 // parseWindow reads a SharedWindowHeader value: DefaultSharedWindow if
 // empty; an error if it is not a number within the bounds.
 func parseWindow(v string) (int, error) {
@@ -175,9 +200,28 @@ type sharedBytes struct {
 	forgot uint32   // numbers 1 to forgot are forgotten
 	size   int
 	window int // bound on size
+	// total, if not nil, is the size of every session's of this end
+	// (SharedBytes).
+	total *atomic.Int64
 }
 
-func newSharedBytes(window int) *sharedBytes { return &sharedBytes{window: window} }
+func newSharedBytes(window int, total *atomic.Int64) *sharedBytes {
+	return &sharedBytes{window: window, total: total}
+}
+
+// grew adds n to the size (and the total).
+func (s *sharedBytes) grew(n int) {
+	s.size += n
+	if s.total != nil {
+		s.total.Add(int64(n))
+	}
+}
+
+// release forgets everything (the session ended) without a number.
+func (s *sharedBytes) release() {
+	s.grew(-s.size)
+	s.blobs = nil
+}
 
 // next is the number the next shared bytes get. Numbers wrap around
 // (after 2^32 shared frames, days of a busy session): every comparison is
@@ -188,16 +232,37 @@ func (s *sharedBytes) next() uint32 { return s.forgot + 1 + uint32(len(s.blobs))
 // bounds require; forget (if not nil) is called with each one forgotten.
 func (s *sharedBytes) add(b []byte, forget func(num uint32, b []byte)) {
 	for len(s.blobs) > 0 && (s.size+len(b) > s.window || len(s.blobs) >= s.window/windowPerShared) {
-		s.forgot++
-		if forget != nil {
-			forget(s.forgot, s.blobs[0])
-		}
-		s.size -= len(s.blobs[0])
-		s.blobs[0] = nil
-		s.blobs = s.blobs[1:]
+		s.forgetOldest(forget)
 	}
 	s.blobs = append(s.blobs, b)
-	s.size += len(b)
+	s.grew(len(b))
+}
+
+// forgetThrough forgets the numbers up to n, oldest first; false (and
+// nothing forgotten) if n is neither kept nor already forgotten: the
+// sender's numbers are not this end's.
+func (s *sharedBytes) forgetThrough(n uint32, forget func(num uint32, b []byte)) bool {
+	count := n - s.forgot // n == forgot: already forgotten, nothing to do
+	if count > uint32(len(s.blobs)) {
+		return false
+	}
+	for range count {
+		s.forgetOldest(forget)
+	}
+	if len(s.blobs) == 0 {
+		s.blobs = nil // an idle session keeps no array either
+	}
+	return true
+}
+
+func (s *sharedBytes) forgetOldest(forget func(num uint32, b []byte)) {
+	s.forgot++
+	if forget != nil {
+		forget(s.forgot, s.blobs[0])
+	}
+	s.grew(-len(s.blobs[0]))
+	s.blobs[0] = nil
+	s.blobs = s.blobs[1:]
 }
 
 // get returns shared bytes n, or false if this end does not keep them.
@@ -255,7 +320,7 @@ func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
 		limit = 4 * maxRefs
 	case frameCredit:
 		limit = 4
-	case frameCancel:
+	case frameCancel, frameForget:
 		limit = 0
 	default:
 		return 0, 0, 0, fmt.Errorf("%w: unknown %v", errProtocol, t)

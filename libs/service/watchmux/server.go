@@ -31,11 +31,22 @@ const maxPending = 4 << 20
 type Server struct {
 	Handler http.Handler
 	Log     *slog.Logger
+	// SharedIdle is how long a session keeps its oldest shared bytes
+	// while no stream refers to them, where frontdoor understands forget
+	// frames (0: DefaultSharedIdle). Expiry runs every half of it, so they
+	// go after between SharedIdle and one and a half times that unused.
+	SharedIdle time.Duration
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closing  bool
+
+	sharedKept atomic.Int64 // SharedBytes
 }
+
+// SharedBytes is the size of the shared bytes the server's sessions keep
+// (each up to its window; frontdoor keeps as many).
+func (s *Server) SharedBytes() int64 { return s.sharedKept.Load() }
 
 // Shutdown ends every session once its streams have ended (a fanout
 // replica ends its watches when it stops); a session opened after it gets
@@ -97,9 +108,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ss.shared = map[*byte]sharedNum{}
-		ss.sent.window = window
+		ss.sent = sharedBytes{window: window, total: &s.sharedKept}
 		w.Header().Set(SharedHeader, "1")
 		w.Header().Set(SharedWindowHeader, strconv.Itoa(window))
+		if r.Header.Get(ForgetHeader) == "1" {
+			ss.forgets = true
+			w.Header().Set(ForgetHeader, "1")
+		}
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -126,12 +141,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	go ss.read(r.Body)
+	if ss.forgets {
+		go ss.expire()
+	}
 	ss.write(w, rc)
 	cancel()
 	ss.mu.Lock()
 	ss.finished = true // no stream starts now
 	ss.mu.Unlock()
 	ss.handlers.Wait()
+	ss.mu.Lock()
+	ss.sent.release()
+	ss.mu.Unlock()
 }
 
 // session is one session's state on the server.
@@ -161,6 +182,92 @@ type session struct {
 	// bytes never change; the length tells a prefix from the whole.
 	shared map[*byte]sharedNum
 	sent   sharedBytes
+	// forgets: frontdoor understands forget frames. used and usedBefore
+	// are the oldest shared bytes a stream referred to (or that were sent)
+	// since the last expiry and in the period before it.
+	forgets          bool
+	used, usedBefore sharedUse
+}
+
+// sharedUse is the oldest number of shared bytes used in a period, if any.
+type sharedUse struct {
+	num uint32
+	ok  bool
+}
+
+// usedLocked notes that shared bytes num were sent or referred to.
+func (ss *session) usedLocked(num uint32) {
+	if ss.used.ok {
+		// Positions in what is kept; one the window forgot since counts
+		// as the oldest (expireLocked).
+		cur := ss.used.num - ss.sent.forgot - 1
+		if cur >= uint32(len(ss.sent.blobs)) || cur <= num-ss.sent.forgot-1 {
+			return
+		}
+	}
+	ss.used = sharedUse{num: num, ok: true}
+}
+
+// expireLocked forgets the oldest shared bytes that no stream used in the
+// last two periods (all of them, if none was used), at both ends: a
+// forget frame tells frontdoor. Called once a period (half of
+// Server.SharedIdle), so bytes go after between two and three periods
+// unused. The window still bounds what is kept between expiries.
+func (ss *session) expireLocked() {
+	if !ss.forgets {
+		return
+	}
+	kept := uint32(len(ss.sent.blobs))
+	keep := kept // the position of the oldest used in the two periods
+	for _, u := range []sharedUse{ss.used, ss.usedBefore} {
+		if !u.ok {
+			continue
+		}
+		pos := u.num - ss.sent.forgot - 1
+		if pos >= kept {
+			// The window forgot it since: what followed it may be in use.
+			pos = 0
+		}
+		keep = min(keep, pos)
+	}
+	ss.usedBefore, ss.used = ss.used, sharedUse{}
+	if keep == 0 || ss.err != nil {
+		return
+	}
+	through := ss.sent.forgot + keep
+	ss.sent.forgetThrough(through, ss.forgetLocked)
+	ss.out = appendFrame(ss.out, frameForget, through, nil)
+}
+
+// expire runs expireLocked once a period (half of Server.SharedIdle) until
+// the session ends, off the writer's loop, and wakes the writer for the
+// forget frame.
+func (ss *session) expire() {
+	idle := ss.srv.SharedIdle
+	if idle <= 0 {
+		idle = DefaultSharedIdle
+	}
+	t := time.NewTicker(idle / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ss.ctx.Done():
+			return
+		}
+		ss.mu.Lock()
+		ss.expireLocked()
+		ss.mu.Unlock()
+		ss.signal()
+	}
+}
+
+// forgetLocked drops forgotten shared bytes from the numbers frontdoor
+// keeps.
+func (ss *session) forgetLocked(gone uint32, g []byte) {
+	if k := unsafe.SliceData(g); ss.shared[k].num == gone {
+		delete(ss.shared, k)
+	}
 }
 
 // sharedNum is the number of shared bytes of length n.
@@ -179,16 +286,14 @@ func (ss *session) shareableLocked(sg Segment) bool {
 func (ss *session) sharedLocked(b []byte) uint32 {
 	key := unsafe.SliceData(b)
 	if e, ok := ss.shared[key]; ok && e.n == len(b) {
+		ss.usedLocked(e.num)
 		return e.num
 	}
 	num := ss.sent.next()
 	ss.out = appendFrame(ss.out, frameShared, num, b)
-	ss.sent.add(b, func(gone uint32, g []byte) {
-		if k := unsafe.SliceData(g); ss.shared[k].num == gone {
-			delete(ss.shared, k)
-		}
-	})
+	ss.sent.add(b, ss.forgetLocked)
 	ss.shared[key] = sharedNum{num: num, n: len(b)}
+	ss.usedLocked(num)
 	return num
 }
 

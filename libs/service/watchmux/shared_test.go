@@ -10,11 +10,14 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"herald.dev/libs/service"
 )
@@ -71,17 +74,21 @@ type wireCounter struct {
 	rt         http.RoundTripper
 	dropShared bool
 	dropWindow bool // SharedWindowHeader, from requests and responses (an older replica)
+	dropForget bool // ForgetHeader, from requests (an older frontdoor)
 	bytes      atomic.Int64
 	shared     atomic.Int32 // sessions whose response said shared
 }
 
 func (c *wireCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPost && (c.dropShared || c.dropWindow) {
+	if r.Method == http.MethodPost && (c.dropShared || c.dropWindow || c.dropForget) {
 		r = r.Clone(r.Context())
 		if c.dropShared {
 			r.Header.Del(SharedHeader)
 		}
-		r.Header.Del(SharedWindowHeader)
+		if c.dropShared || c.dropWindow {
+			r.Header.Del(SharedWindowHeader)
+		}
+		r.Header.Del(ForgetHeader)
 	}
 	resp, err := c.rt.RoundTrip(r)
 	if err == nil && r.Method == http.MethodPost && c.dropWindow {
@@ -309,8 +316,9 @@ func TestSharedWindowOlderServer(t *testing.T) {
 }
 
 // TestRefsToBytesNotKept: a server that refers to shared bytes the client
-// does not keep (or sends shared bytes out of order) breaks the session:
-// the stream's body fails, it does not end as if complete.
+// does not keep (or sends shared bytes out of order, or a forget frame it
+// did not announce or for bytes never sent) breaks the session: the
+// stream's body fails, it does not end as if complete.
 func TestRefsToBytesNotKept(t *testing.T) {
 	ref := func(nums ...uint32) []byte {
 		var p []byte
@@ -320,26 +328,41 @@ func TestRefsToBytesNotKept(t *testing.T) {
 		return p
 	}
 	blob := bytes.Repeat([]byte("b"), minShared)
+	shared := func(nums ...uint32) []byte {
+		var b []byte
+		for _, n := range nums {
+			b = appendFrame(b, frameShared, n, blob)
+		}
+		return b
+	}
 	for _, tc := range []struct {
-		name   string
-		frames []byte
+		name    string
+		frames  []byte
+		forgets bool // the response says ForgetHeader
 	}{
-		{"never sent", appendFrame(nil, frameRefs, 1, ref(1))},
-		{"after the last", appendFrame(appendFrame(nil, frameShared, 1, blob), frameRefs, 1, ref(2))},
-		{"out of order", appendFrame(nil, frameShared, 2, blob)},
-		{"refs of 3 bytes", appendFrame(appendFrame(nil, frameShared, 1, blob), frameRefs, 1, []byte{0, 0, 1})},
+		{"never sent", appendFrame(nil, frameRefs, 1, ref(1)), false},
+		{"after the last", appendFrame(shared(1), frameRefs, 1, ref(2)), false},
+		{"out of order", shared(2), false},
+		{"refs of 3 bytes", appendFrame(shared(1), frameRefs, 1, []byte{0, 0, 1}), false},
 		{"forgotten", func() []byte {
-			var b []byte
+			var nums []uint32
 			for n := range uint32(DefaultSharedWindow/windowPerShared + 1) {
-				b = appendFrame(b, frameShared, n+1, blob)
+				nums = append(nums, n+1)
 			}
-			return appendFrame(b, frameRefs, 1, ref(1))
-		}()},
+			return appendFrame(shared(nums...), frameRefs, 1, ref(1))
+		}(), false},
+		{"forgotten by a forget frame", appendFrame(appendFrame(shared(1, 2), frameForget, 1, nil), frameRefs, 1, ref(1)), true},
+		{"forget frame unannounced", appendFrame(shared(1), frameForget, 1, nil), false},
+		{"forget past the last", appendFrame(shared(1, 2), frameForget, 3, nil), true},
+		{"forget frame with a payload", appendFrame(shared(1), frameForget, 1, []byte{0}), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", ContentType)
 				w.Header().Set(SharedHeader, "1")
+				if tc.forgets {
+					w.Header().Set(ForgetHeader, "1")
+				}
 				w.WriteHeader(http.StatusOK)
 				http.NewResponseController(w).Flush()
 				// The stream's head answers its open.
@@ -368,7 +391,7 @@ func TestRefsToBytesNotKept(t *testing.T) {
 // TestSharedBytesForget: both ends forget the oldest shared bytes first,
 // by total size and by number.
 func TestSharedBytesForget(t *testing.T) {
-	s := newSharedBytes(DefaultSharedWindow)
+	s := newSharedBytes(DefaultSharedWindow, nil)
 	var forgot []uint32
 	forget := func(n uint32, _ []byte) { forgot = append(forgot, n) }
 	big := make([]byte, DefaultSharedWindow/4)
@@ -387,7 +410,7 @@ func TestSharedBytesForget(t *testing.T) {
 			t.Fatalf("%d forgotten too", n)
 		}
 	}
-	c := newSharedBytes(DefaultSharedWindow)
+	c := newSharedBytes(DefaultSharedWindow, nil)
 	for range DefaultSharedWindow/windowPerShared + 1 {
 		c.add([]byte{1}, nil)
 	}
@@ -415,6 +438,220 @@ func TestSharedBytesForget(t *testing.T) {
 	}
 	if _, ok := w.get(math.MaxUint32 - 1); ok {
 		t.Fatal("a forgotten number is kept")
+	}
+}
+
+// TestSharedForgetThrough: a forget frame's number forgets the oldest
+// bytes up to it at the end that reads it; one of bytes not sent yet, or
+// before what this end already forgot, is refused and forgets nothing.
+func TestSharedForgetThrough(t *testing.T) {
+	s := newSharedBytes(DefaultSharedWindow, nil)
+	for i := range 4 {
+		s.add([]byte{byte(i)}, nil)
+	}
+	if s.forgetThrough(5, nil) || s.next() != 5 || len(s.blobs) != 4 {
+		t.Fatalf("forget through 5 of 4 sent: kept %d", len(s.blobs))
+	}
+	var forgot []uint32
+	if !s.forgetThrough(2, func(n uint32, _ []byte) { forgot = append(forgot, n) }) || !slices.Equal(forgot, []uint32{1, 2}) {
+		t.Fatalf("forget through 2 forgot %v", forgot)
+	}
+	if _, ok := s.get(2); ok {
+		t.Fatal("2 still kept")
+	}
+	if b, ok := s.get(3); !ok || b[0] != 2 {
+		t.Fatalf("3: %v %v", b, ok)
+	}
+	if !s.forgetThrough(2, nil) || len(s.blobs) != 2 {
+		t.Fatal("forget through what is already forgotten: not a no-op")
+	}
+	if s.forgetThrough(1, nil) {
+		t.Fatal("forget through a number before the last forgotten accepted")
+	}
+	if !s.forgetThrough(4, nil) || s.blobs != nil || s.size != 0 || s.next() != 5 {
+		t.Fatalf("forget through the last: %d kept, %d bytes, next %d", len(s.blobs), s.size, s.next())
+	}
+	// Numbers wrap around.
+	w := sharedBytes{forgot: math.MaxUint32 - 1, window: DefaultSharedWindow}
+	for i := range 3 {
+		w.add([]byte{byte(i)}, nil)
+	}
+	if !w.forgetThrough(0, nil) || len(w.blobs) != 1 || w.next() != 2 {
+		t.Fatalf("forget through 0 after a wrap: %d kept, next %d", len(w.blobs), w.next())
+	}
+}
+
+// forgets lists the forget frames in b (a session's frames) and drops b.
+func forgets(t *testing.T, b *[]byte) []uint32 {
+	t.Helper()
+	var nums []uint32
+	for off := 0; off < len(*b); off += headerLen + frameLen(*b, off) {
+		if frameType((*b)[off]) == frameForget {
+			nums = append(nums, binary.BigEndian.Uint32((*b)[off+1:off+5]))
+		}
+	}
+	*b = (*b)[:0]
+	return nums
+}
+
+// TestSharedExpiry: once a period, fanout forgets the oldest shared bytes
+// that no stream used (sent or referred to) in that period and the one
+// before, at both ends (a forget frame): all of them in a session whose
+// streams used none, none older than one still in use; the same bytes
+// shared again afterwards go as a new shared frame. Only a session whose
+// frontdoor understands forget frames gets them.
+func TestSharedExpiry(t *testing.T) {
+	bs := blobs(4, minShared)
+	newSession := func(forgets bool) *session {
+		return &session{shared: map[*byte]sharedNum{}, sent: sharedBytes{window: DefaultSharedWindow}, forgets: forgets}
+	}
+	ss := newSession(true)
+	for _, b := range bs {
+		ss.sharedLocked(b) // 1 to 4
+	}
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); got != nil {
+		t.Fatalf("forgot %v of what was sent in the period", got)
+	}
+	ss.sharedLocked(bs[2]) // 3, still in use
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); got != nil {
+		t.Fatalf("forgot %v of what was used in the last two periods", got)
+	}
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); !slices.Equal(got, []uint32{2}) {
+		t.Fatalf("with 3 used a period ago: forget frames %v, want through 2", got)
+	}
+	if _, ok := ss.sent.get(2); ok || len(ss.shared) != 2 {
+		t.Fatalf("2 still kept (%d numbers frontdoor keeps)", len(ss.shared))
+	}
+	if n := ss.sharedLocked(bs[0]); n != 5 || frameType(ss.out[0]) != frameShared {
+		t.Fatalf("forgotten bytes shared again as %d (frame %v), want 5 in a shared frame", n, frameType(ss.out[0]))
+	}
+	ss.out = ss.out[:0]
+	ss.expireLocked() // 3 and 4 unused for two periods, 5 used in this one
+	ss.expireLocked() // 5 used in the one before
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); !slices.Equal(got, []uint32{4, 5}) || ss.sent.blobs != nil || len(ss.shared) != 0 {
+		t.Fatalf("forget frames %v, want through 4 then through 5; %d kept", got, len(ss.sent.blobs))
+	}
+
+	// The oldest used, forgotten by the window since: everything after
+	// it may be in use, and stays.
+	ss = newSession(true)
+	ss.sent.window = DefaultSharedWindow
+	for range DefaultSharedWindow / windowPerShared {
+		ss.sharedLocked(make([]byte, minShared)) // each its own bytes
+	}
+	ss.expireLocked()
+	ss.sharedLocked(make([]byte, minShared)) // forgets 1, the oldest used
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); got != nil {
+		t.Fatalf("forgot %v after the window forgot the oldest used", got)
+	}
+
+	// An older frontdoor: no forget frame, nothing forgotten.
+	ss = newSession(false)
+	ss.sharedLocked(bs[0])
+	ss.out = ss.out[:0]
+	ss.expireLocked()
+	ss.expireLocked()
+	if len(ss.out) != 0 || len(ss.sent.blobs) != 1 {
+		t.Fatalf("a session without forget frames sent %d bytes, keeps %d", len(ss.out), len(ss.sent.blobs))
+	}
+}
+
+// forgetting reports whether any of the server's sessions sends forget
+// frames.
+func (s *Server) forgetting() bool {
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	forgets := false
+	for _, ss := range sessions {
+		ss.mu.Lock()
+		forgets = forgets || ss.forgets
+		ss.mu.Unlock()
+	}
+	return forgets
+}
+
+// TestSharedForgottenWhileIdle: over a real session, the shared bytes of a
+// session whose streams go quiet are forgotten at both ends within
+// SharedIdle's periods (the session keeps none), and the same bytes
+// written again afterwards cross again: every body is whole. A frontdoor
+// that does not say it understands forget frames (an older one) keeps its
+// bytes and is never sent one. Either way, an ended session keeps nothing
+// (SharedBytes).
+func TestSharedForgottenWhileIdle(t *testing.T) {
+	const streams = 2
+	shared := blobs(4, 2000)
+	for _, older := range []bool{false, true} {
+		wrote, again := make(chan struct{}, streams), make(chan struct{})
+		mux := &Server{SharedIdle: time.Millisecond, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sw := w.(SegmentWriter)
+			w.WriteHeader(http.StatusOK)
+			write := func() {
+				for _, b := range shared {
+					sw.WriteSegments([]Segment{{B: b, Shared: true}})
+				}
+				http.NewResponseController(w).Flush()
+			}
+			write()
+			wrote <- struct{}{}
+			select {
+			case <-again:
+				write()
+			case <-r.Context().Done():
+			}
+		})}
+		srv := serveHandler(t, mux, mux)
+		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropForget: older}
+		c := &Client{Transport: wc, MaxStreams: streams}
+		t.Cleanup(c.Close)
+		var body atomic.Int64
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			want := strings.Repeat(string(bytes.Join(shared, nil)), 2)
+			body.Store(int64(readAll(t, c, srv.URL+"/x", streams, func(string) string { return want })))
+		}()
+		for range streams {
+			<-wrote
+		}
+		if f := mux.forgetting(); f == older {
+			t.Fatalf("older=%v: the session sends forget frames: %v", older, f)
+		}
+		// Each end keeps them until it forgets them: never, with an older
+		// frontdoor (both keep them all until the session ends).
+		once := int64(len(bytes.Join(shared, nil)))
+		want := int64(0)
+		if older {
+			want = once
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for mux.SharedBytes() != want || c.SharedBytes() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("older=%v: the quiet session keeps %d shared bytes in the server and %d in the client, want %d", older, mux.SharedBytes(), c.SharedBytes(), want)
+			}
+			runtime.Gosched()
+		}
+		close(again)
+		<-done
+		// A session that ends keeps nothing at either end.
+		c.Close()
+		for mux.SharedBytes() != 0 || c.SharedBytes() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("older=%v: the sessions ended, %d shared bytes kept in the server and %d in the client", older, mux.SharedBytes(), c.SharedBytes())
+			}
+			runtime.Gosched()
+		}
+		if wire := wc.bytes.Load(); older && wire >= 2*once || !older && wire < 2*once {
+			t.Errorf("older=%v: the session carried %d bytes for %d bytes of bodies (%d shared bytes)", older, wire, body.Load(), once)
+		}
 	}
 }
 

@@ -24,12 +24,17 @@ import (
 // h; nil sessions: a server without them, h answering everything.
 func serve(t *testing.T, sessions bool, h http.Handler) (*httptest.Server, *Server) {
 	t.Helper()
-	var mux *Server
-	root := h
-	if sessions {
-		mux = &Server{Handler: h}
-		root = mux
+	if !sessions {
+		return serveHandler(t, h, nil), nil
 	}
+	mux := &Server{Handler: h}
+	return serveHandler(t, mux, mux), mux
+}
+
+// serveHandler serves root over HTTP/2 on a test server; mux, if not nil,
+// shuts down with it.
+func serveHandler(t *testing.T, root http.Handler, mux *Server) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(root)
 	srv.Config.Protocols = service.ServerProtocols()
 	if mux != nil {
@@ -37,7 +42,7 @@ func serve(t *testing.T, sessions bool, h http.Handler) (*httptest.Server, *Serv
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return srv, mux
+	return srv
 }
 
 func client(t *testing.T, maxStreams int) (*Client, *countingTransport) {

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"google.golang.org/grpc"
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -68,6 +70,9 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	// Frontdoor carries many watches over one stream of a session
 	// (watchmux); a frontdoor without sessions asks for each on its own.
 	sessions := &watchmux.Server{Handler: handler, Log: p.Log}
+	promauto.With(p.Admin.Registry).NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_fanout_watchmux_shared_bytes",
+		Help: "Bytes of events shared by several watches that frontdoor's sessions keep, at each end, for watches to refer to (up to the window frontdoor asks for; forgotten after 30-45 s unused)."},
+		func() float64 { return float64(sessions.SharedBytes()) })
 	srv := &service.HTTPServer{
 		Server: &http.Server{
 			Handler:           sessions,

@@ -309,7 +309,9 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	}
 	// Watches go as streams of sessions (watchmux), one HTTP/2 stream
 	// carrying many; to a replica without sessions, each on its own.
-	p.transport = &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
+	sessions := &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
+	m.sessions.Store(sessions)
+	p.transport = sessions
 	p.streams = map[net.Conn]context.CancelFunc{}
 	p.noStreams = sync.NewCond(&p.streamsMu)
 	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }

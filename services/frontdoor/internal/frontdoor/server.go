@@ -54,6 +54,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -71,6 +72,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
+	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 )
 
@@ -88,11 +90,13 @@ type metrics struct {
 	fanoutShed      *prometheus.CounterVec
 	olderThanWindow *prometheus.CounterVec
 	forwarded       *prometheus.CounterVec
+	// sessions: the fanout pool's, once it exists (its shared bytes).
+	sessions atomic.Pointer[watchmux.Client]
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &metrics{
+	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "apiserver_request_total", Help: "Requests by verb, resource and HTTP code."}, []string{"verb", "resource", "code"}),
 		duration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "apiserver_request_duration_seconds", Help: "Non-watch request latency by verb and resource.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"verb", "resource"}),
@@ -112,6 +116,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forwarded: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_forwarded_requests_total",
 			Help: "Requests answered by kube-apiserver in cluster mode (everything but the reads frontdoor serves), by verb and HTTP code."}, []string{"verb", "code"}),
 	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_frontdoor_watchmux_shared_bytes",
+		Help: "Bytes of events shared by several watches that sessions to fanout replicas keep for them to refer to (up to fanout.shared-window each; fanout forgets those no watch used for 30-45 s)."},
+		func() float64 {
+			if c := m.sessions.Load(); c != nil {
+				return float64(c.SharedBytes())
+			}
+			return 0
+		})
+	return m
 }
 
 // Server is the frontdoor's HTTP handler.
