@@ -247,7 +247,7 @@ func (ss *session) expire() {
 	if idle <= 0 {
 		idle = DefaultSharedIdle
 	}
-	t := time.NewTicker(idle / 2)
+	t := time.NewTicker(max(idle/2, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

@@ -338,23 +338,24 @@ func TestRefsToBytesNotKept(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		frames  []byte
-		forgets bool // the response says ForgetHeader
+		forgets bool   // the response says ForgetHeader
+		why     string // in the error, if set
 	}{
-		{"never sent", appendFrame(nil, frameRefs, 1, ref(1)), false},
-		{"after the last", appendFrame(shared(1), frameRefs, 1, ref(2)), false},
-		{"out of order", shared(2), false},
-		{"refs of 3 bytes", appendFrame(shared(1), frameRefs, 1, []byte{0, 0, 1}), false},
+		{"never sent", appendFrame(nil, frameRefs, 1, ref(1)), false, ""},
+		{"after the last", appendFrame(shared(1), frameRefs, 1, ref(2)), false, ""},
+		{"out of order", shared(2), false, ""},
+		{"refs of 3 bytes", appendFrame(shared(1), frameRefs, 1, []byte{0, 0, 1}), false, ""},
 		{"forgotten", func() []byte {
 			var nums []uint32
 			for n := range uint32(DefaultSharedWindow/windowPerShared + 1) {
 				nums = append(nums, n+1)
 			}
 			return appendFrame(shared(nums...), frameRefs, 1, ref(1))
-		}(), false},
-		{"forgotten by a forget frame", appendFrame(appendFrame(shared(1, 2), frameForget, 1, nil), frameRefs, 1, ref(1)), true},
-		{"forget frame unannounced", appendFrame(shared(1), frameForget, 1, nil), false},
-		{"forget past the last", appendFrame(shared(1, 2), frameForget, 3, nil), true},
-		{"forget frame with a payload", appendFrame(shared(1), frameForget, 1, []byte{0}), true},
+		}(), false, ""},
+		{"forgotten by a forget frame", appendFrame(appendFrame(shared(1, 2), frameForget, 1, nil), frameRefs, 1, ref(1)), true, "refers to shared bytes 1, not kept"},
+		{"forget frame unannounced", appendFrame(shared(1), frameForget, 1, nil), false, "forget through shared bytes 1 unexpected"},
+		{"forget past the last", appendFrame(shared(1, 2), frameForget, 3, nil), true, "forget through shared bytes 3 unexpected"},
+		{"forget frame with a payload", appendFrame(shared(1), frameForget, 1, []byte{0}), true, "forget of 1 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -383,6 +384,9 @@ func TestRefsToBytesNotKept(t *testing.T) {
 			_, err := io.ReadAll(resp.Body)
 			if err == nil || !errors.Is(err, errProtocol) {
 				t.Fatalf("the body ended with %v, want a protocol error", err)
+			}
+			if tc.why != "" && !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("the body ended with %v, want %q", err, tc.why)
 			}
 		})
 	}
@@ -550,6 +554,29 @@ func TestSharedExpiry(t *testing.T) {
 		t.Fatalf("forgot %v after the window forgot the oldest used", got)
 	}
 
+	// The oldest used in this period, forgotten by the window before the
+	// period ends: a later, newer use does not take its place, and
+	// nothing is forgotten.
+	ss = newSession(true)
+	first := make([][]byte, DefaultSharedWindow/windowPerShared)
+	for i := range first {
+		first[i] = make([]byte, minShared)
+		ss.sharedLocked(first[i])
+	}
+	ss.expireLocked()
+	ss.expireLocked() // a period with no use: used and usedBefore empty
+	forgets(t, &ss.out)
+	ss.sharedLocked(first[1]) // 2, the oldest used in this period
+	ss.sharedLocked(make([]byte, minShared))
+	ss.sharedLocked(make([]byte, minShared)) // the window forgets 1 and 2
+	if _, ok := ss.sent.get(2); ok {
+		t.Fatal("the window kept 2")
+	}
+	ss.expireLocked()
+	if got := forgets(t, &ss.out); got != nil {
+		t.Fatalf("forgot %v after the window forgot the oldest used in the period", got)
+	}
+
 	// An older frontdoor: no forget frame, nothing forgotten.
 	ss = newSession(false)
 	ss.sharedLocked(bs[0])
@@ -580,8 +607,8 @@ func (s *Server) forgetting() bool {
 }
 
 // TestSharedForgottenWhileIdle: over a real session, the shared bytes of a
-// session whose streams go quiet are forgotten at both ends within
-// SharedIdle's periods (the session keeps none), and the same bytes
+// session whose streams go quiet are forgotten at both ends (the session
+// keeps none), and the same bytes
 // written again afterwards cross again: every body is whole. A frontdoor
 // that does not say it understands forget frames (an older one) keeps its
 // bytes and is never sent one. Either way, an ended session keeps nothing
