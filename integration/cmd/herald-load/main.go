@@ -55,7 +55,8 @@ func main() {
 	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "Report file.")
 	flag.StringVar(&o.dir, "dir", "", "Work directory for state, logs and profiles (empty: a temporary one, removed afterwards).")
-	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per workload.")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per broadcast workload.")
+	flag.DurationVar(&o.kubeletDuration, "kubelet-duration", 60*time.Second, "Measured writes per kubelet-like workload (kubelet-*, daemonset-*): at their 200 deliveries/s, 20 s hold only 4,000 latencies (a p99 of 40 events, which one stall of the machine decides) and the CPU of a 20 s stretch that a slower or faster minute of the machine moves by 10-25%.")
 	flag.DurationVar(&o.idleAfter, "idle-after", 0, "Once a workload's writes are delivered, log each fanout and frontdoor process's heap in use, then again after this long with the watchers open and no writes (0: not measured).")
 	flag.DurationVar(&o.idle, "idle", 0, "With the watchers open and before any write, measure each server process's CPU over this long without writes, and log it (0: not measured).")
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
@@ -63,7 +64,7 @@ func main() {
 	flag.StringVar(&o.proto, "proto", "http1", "Protocol of each watcher's own connection: http1 or http2 (the -h2mux workloads multiplex instead).")
 	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-1000x400 saturates a machine on which broadcast-1000x200 does not; broadcast-1000x600 is past Herald's capacity on a 2-core machine; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
-	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99 and lists every run.")
+	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99, the median CPU per delivery (which the targets compare) and every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.StringVar(&o.clientCPUs, "client-cpus", "auto", "CPUs of the load client (this process), the servers getting the rest of those it may use: auto (a quarter of them, on 4 or more; on fewer everything shares them), none, or a list (3, 6-7, 0,2).")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
@@ -78,7 +79,8 @@ func main() {
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
 	proto, clientCPUs                              string
-	duration, warmup, settle, idle, idleAfter      time.Duration
+	duration, kubeletDuration, warmup, settle      time.Duration
+	idle, idleAfter                                time.Duration
 	rounds, memPods, replicas                      int
 }
 
@@ -95,9 +97,15 @@ func run(o options) error {
 	if o.proto != "http1" && o.proto != "http2" {
 		return fmt.Errorf("-proto %q: want http1 or http2", o.proto)
 	}
+	measured := func(kubelet bool) time.Duration {
+		if kubelet {
+			return o.kubeletDuration
+		}
+		return o.duration
+	}
 	w := func(name string, watchers, perSec int, kubelet bool, mux int) loadgen.Workload {
 		return loadgen.Workload{Name: name, Watchers: watchers, WritesPerSec: perSec, Kubelet: kubelet, Mux: mux, Proto: o.proto,
-			Duration: o.duration, Warmup: o.warmup, Settle: o.settle}
+			Duration: measured(kubelet), Warmup: o.warmup, Settle: o.settle}
 	}
 	// protobuf is a workload with protobuf storage and clients.
 	protobuf := func(w loadgen.Workload) loadgen.Workload {
@@ -114,7 +122,7 @@ func run(o options) error {
 		protobuf(w("kubelet-5000x200", numKubelets, 200, true, 0)),
 		// A DaemonSet: kubelet-like watchers sharing one ServiceAccount.
 		{Name: "daemonset-5000x200", Watchers: numKubelets, WritesPerSec: 200, Kubelet: true, OneUser: true, Proto: o.proto,
-			Duration: o.duration, Warmup: o.warmup, Settle: o.settle},
+			Duration: measured(true), Warmup: o.warmup, Settle: o.settle},
 		// The extra, labelled workload: 100 watchers per HTTP/2 connection
 		// on both systems (below both servers' stream limits).
 		w("broadcast-1000x100-h2mux", 1000, 100, false, 100),
@@ -578,8 +586,14 @@ func targets(rp *loadgen.Report) []string {
 			out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
 				float64(h.P99)/1e6, float64(k.P99)/1e6, float64(h.P99)/float64(k.P99), p99, verdict(float64(h.P99) <= p99*float64(k.P99))))
 		}
-		out = append(out, fmt.Sprintf("%s: CPU per 1,000 deliveries %.2f ms vs %.2f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
-			h.CPUPer1000(), k.CPUPer1000(), h.CPUPer1000()/k.CPUPer1000(), cpu, verdict(h.CPUPer1000() <= cpu*k.CPUPer1000())))
+		// The median CPU of the runs, which need not be the median-p99
+		// run's.
+		hc, kc := loadgen.MedianCPUPer1000(rp.HeraldRounds[w.Name]), loadgen.MedianCPUPer1000(rp.KubeRounds[w.Name])
+		if hc < 0 || kc < 0 {
+			hc, kc = h.CPUPer1000(), k.CPUPer1000()
+		}
+		out = append(out, fmt.Sprintf("%s: CPU per 1,000 deliveries (median of the runs) %.2f ms vs %.2f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
+			hc, kc, hc/kc, cpu, verdict(hc <= cpu*kc)))
 		out = append(out, fmt.Sprintf("%s: kube-apiserver missing %d, duplicated %d, reordered %d, %.0f watches terminated (Herald: %.0f).", w.Name, k.Missing, k.Duplicates, k.Reordered, k.Terminated, h.Terminated))
 	}
 	return out

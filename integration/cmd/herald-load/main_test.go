@@ -61,3 +61,31 @@ func TestTargetsSaturation(t *testing.T) {
 		})
 	}
 }
+
+// The CPU target compares the median CPU of each system's runs, which is
+// not the CPU of its median-p99 run; runs that delivered nothing do not
+// count.
+func TestTargetsMedianCPU(t *testing.T) {
+	run := func(p99 time.Duration, cpuPer1000 float64) *loadgen.Result {
+		return &loadgen.Result{Expected: 4000, Deliveries: 4000, WriteTime: 20 * time.Second, Window: 20 * time.Second,
+			P99: p99, ServerCPU: cpuPer1000 * 4}
+	}
+	none := &loadgen.Result{Expected: 4000, WriteTime: 20 * time.Second, Window: 20 * time.Second}
+	w := loadgen.Workload{Name: "kubelet-5000x200", Watchers: 5000, WritesPerSec: 200, Kubelet: true}
+	// Herald's median-p99 run (5 ms) has the highest CPU; its median CPU
+	// is 3,000 against kube-apiserver's 3,100.
+	hr := []*loadgen.Result{run(4*time.Millisecond, 2900), run(5*time.Millisecond, 3300), run(6*time.Millisecond, 3000)}
+	kr := []*loadgen.Result{run(5*time.Millisecond, 3100), run(6*time.Millisecond, 2800), none, run(7*time.Millisecond, 3500)}
+	rp := &loadgen.Report{Workloads: []loadgen.Workload{w},
+		Herald: map[string]*loadgen.Result{w.Name: loadgen.Median(hr)}, Kube: map[string]*loadgen.Result{w.Name: loadgen.Median(kr)},
+		HeraldRounds: map[string][]*loadgen.Result{w.Name: hr}, KubeRounds: map[string][]*loadgen.Result{w.Name: kr}}
+	want := "kubelet-5000x200: CPU per 1,000 deliveries (median of the runs) 3000.00 ms vs 3100.00 ms, ratio 0.97 (target <= 1.0): met."
+	var lines []string
+	for _, l := range targets(rp) {
+		if l == want {
+			return
+		}
+		lines = append(lines, l)
+	}
+	t.Errorf("no target line %q:\n%s", want, strings.Join(lines, "\n"))
+}
