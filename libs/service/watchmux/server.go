@@ -212,10 +212,11 @@ func (ss *session) usedLocked(num uint32) {
 // last two periods (all of them, if none was used), at both ends: a
 // forget frame tells frontdoor. Called once a period (half of
 // Server.SharedIdle), so bytes go after between two and three periods
-// unused. The window still bounds what is kept between expiries.
-func (ss *session) expireLocked() {
+// unused. The window still bounds what is kept between expiries. It
+// reports whether it queued a forget frame.
+func (ss *session) expireLocked() bool {
 	if !ss.forgets {
-		return
+		return false
 	}
 	kept := uint32(len(ss.sent.blobs))
 	keep := kept // the position of the oldest used in the two periods
@@ -232,16 +233,17 @@ func (ss *session) expireLocked() {
 	}
 	ss.usedBefore, ss.used = ss.used, sharedUse{}
 	if keep == 0 || ss.err != nil {
-		return
+		return false
 	}
 	through := ss.sent.forgot + keep
 	ss.sent.forgetThrough(through, ss.forgetLocked)
 	ss.out = appendFrame(ss.out, frameForget, through, nil)
+	return true
 }
 
 // expire runs expireLocked once a period (half of Server.SharedIdle) until
-// the session ends, off the writer's loop, and wakes the writer for the
-// forget frame.
+// the session ends, off the writer's loop, and wakes the writer when it
+// has a forget frame to send.
 func (ss *session) expire() {
 	idle := ss.srv.SharedIdle
 	if idle <= 0 {
@@ -256,9 +258,11 @@ func (ss *session) expire() {
 			return
 		}
 		ss.mu.Lock()
-		ss.expireLocked()
+		queued := ss.expireLocked()
 		ss.mu.Unlock()
-		ss.signal()
+		if queued {
+			ss.signal()
+		}
 	}
 }
 

@@ -513,7 +513,9 @@ func TestSharedExpiry(t *testing.T) {
 	for _, b := range bs {
 		ss.sharedLocked(b) // 1 to 4
 	}
-	ss.expireLocked()
+	if ss.expireLocked() {
+		t.Fatal("an expiry that forgot nothing said it queued a forget frame")
+	}
 	if got := forgets(t, &ss.out); got != nil {
 		t.Fatalf("forgot %v of what was sent in the period", got)
 	}
@@ -522,7 +524,9 @@ func TestSharedExpiry(t *testing.T) {
 	if got := forgets(t, &ss.out); got != nil {
 		t.Fatalf("forgot %v of what was used in the last two periods", got)
 	}
-	ss.expireLocked()
+	if !ss.expireLocked() {
+		t.Fatal("an expiry that forgot 1 and 2 said it queued no forget frame")
+	}
 	if got := forgets(t, &ss.out); !slices.Equal(got, []uint32{2}) {
 		t.Fatalf("with 3 used a period ago: forget frames %v, want through 2", got)
 	}
