@@ -537,9 +537,15 @@ func TestSharedExpiry(t *testing.T) {
 		t.Fatalf("forgotten bytes shared again as %d (frame %v), want 5 in a shared frame", n, frameType(ss.out[0]))
 	}
 	ss.out = ss.out[:0]
-	ss.expireLocked() // 3 and 4 unused for two periods, 5 used in this one
-	ss.expireLocked() // 5 used in the one before
-	ss.expireLocked()
+	if !ss.expireLocked() { // 3 and 4 unused for two periods, 5 used in this one
+		t.Fatal("the expiry that forgot 3 and 4 said it queued no forget frame")
+	}
+	if ss.expireLocked() { // 5 used in the one before
+		t.Fatal("an expiry that kept 5, used a period ago, said it queued a forget frame")
+	}
+	if !ss.expireLocked() {
+		t.Fatal("the expiry that forgot 5 said it queued no forget frame")
+	}
 	if got := forgets(t, &ss.out); !slices.Equal(got, []uint32{4, 5}) || ss.sent.blobs != nil || len(ss.shared) != 0 {
 		t.Fatalf("forget frames %v, want through 4 then through 5; %d kept", got, len(ss.sent.blobs))
 	}
@@ -586,7 +592,9 @@ func TestSharedExpiry(t *testing.T) {
 	ss.sharedLocked(bs[0])
 	ss.out = ss.out[:0]
 	ss.expireLocked()
-	ss.expireLocked()
+	if ss.expireLocked() {
+		t.Fatal("a session without forget frames said it queued one")
+	}
 	if len(ss.out) != 0 || len(ss.sent.blobs) != 1 {
 		t.Fatalf("a session without forget frames sent %d bytes, keeps %d", len(ss.out), len(ss.sent.blobs))
 	}
