@@ -712,7 +712,7 @@ func (st *clientStream) Read(p []byte) (int, error) {
 			st.buffered -= n
 			st.consumed += n
 			credit := 0
-			if st.consumed >= window/8 {
+			if st.consumed >= creditStep {
 				credit, st.consumed = st.consumed, 0
 			}
 			st.mu.Unlock()

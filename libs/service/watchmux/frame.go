@@ -117,9 +117,18 @@ const headerLen = 9
 const (
 	// window is the data a stream may send that the client has not read
 	// yet: what frontdoor's HTTP/2 streams from fanout allowed (its
-	// MaxReceiveBufferPerStream). The client credits what it read once it
-	// is an eighth of it.
+	// MaxReceiveBufferPerStream).
 	window = 4 << 20
+	// creditStep: the client credits what it read once it is this much
+	// (one frame per step, not per read). Up to creditStep-1 bytes read
+	// stay uncredited for as long as nothing more arrives.
+	creditStep = window / 8
+	// wholeMax is the largest write a stream sends whole
+	// (SegmentWriter): the credit it waits for is sure to come once the
+	// client has read everything before it, since at most creditStep-1
+	// bytes then stay uncredited. A larger one goes in pieces, each
+	// waiting for what the client's reading of the last returns.
+	wholeMax = window - creditStep
 	// maxHead bounds an open or head frame (kube-apiserver's request
 	// header limit).
 	maxHead = 1 << 20

@@ -237,6 +237,13 @@ func (ss *session) expireLocked() bool {
 	}
 	through := ss.sent.forgot + keep
 	ss.sent.forgetThrough(through, ss.forgetLocked)
+	if len(ss.sent.blobs) == 0 {
+		// A map keeps the room it grew to after its entries are deleted,
+		// and a burst of small events can fill the window's count bound
+		// (window/windowPerShared entries: 65,536 in a 16 MiB window): an
+		// idle session keeps none of it.
+		ss.shared = map[*byte]sharedNum{}
+	}
 	ss.out = appendFrame(ss.out, frameForget, through, nil)
 	return true
 }
@@ -699,9 +706,10 @@ type SegmentWriter interface {
 	// stream's credit and the session's bound allow it now, and otherwise
 	// writes nothing and reports false: it never waits, so that one
 	// goroutine can write many streams of a session without one slow
-	// client holding up the others. Segments of more bytes than a stream's
-	// whole credit window are always refused (WriteSegments writes them
-	// in pieces).
+	// client holding up the others. Segments of more bytes than a stream
+	// sends whole (wholeMax: within its credit window, less what the
+	// client may leave uncredited) are always refused (WriteSegments
+	// writes them in pieces).
 	TryWriteSegments(segs []Segment) (bool, error)
 	// Session is the number of the stream's session: the streams of one
 	// session share it, and no two sessions of a process have the same.
@@ -717,7 +725,10 @@ func (st *stream) Session() uint64 { return st.ss.num }
 
 func (st *stream) WriteSegments(segs []Segment) (int, error) {
 	total := st.segmentsLen(segs)
-	for total <= window {
+	// Only a write that the credit is sure to fit waits for it whole
+	// (wholeMax): one closer to the window could wait for credit that a
+	// client which has read everything never sends.
+	for total <= wholeMax {
 		ok, wait, err := st.appendSegments(segs, total)
 		if err != nil {
 			return 0, err
@@ -732,7 +743,7 @@ func (st *stream) WriteSegments(segs []Segment) (int, error) {
 			return 0, err
 		}
 	}
-	// More than a stream's whole window: Write sends it in pieces.
+	// More than a stream sends whole: Write sends it in pieces.
 	written := 0
 	for _, sg := range segs {
 		n, err := st.Write(sg.B)
@@ -746,7 +757,7 @@ func (st *stream) WriteSegments(segs []Segment) (int, error) {
 
 func (st *stream) TryWriteSegments(segs []Segment) (bool, error) {
 	total := st.segmentsLen(segs)
-	if total > window {
+	if total > wholeMax {
 		return false, nil // only WriteSegments writes it, in pieces
 	}
 	ok, _, err := st.appendSegments(segs, total)

@@ -741,8 +741,8 @@ func TestSharedWaitsForCredit(t *testing.T) {
 
 // TestTryWriteSegmentsNeverWaits: TryWriteSegments writes as long as the
 // stream's credit allows and then, instead of waiting for the client,
-// writes nothing and reports false; a write larger than the whole window
-// is refused at once. What it refused, written with WriteSegments once
+// writes nothing and reports false; a write larger than a stream sends
+// whole (wholeMax) is refused at once. What it refused, written with WriteSegments once
 // the client reads, follows what it wrote, each byte once.
 func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 	shared := blobs(4, 16<<10)
@@ -751,8 +751,8 @@ func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := w.(SegmentWriter)
 		w.WriteHeader(http.StatusOK)
-		if ok, err := sw.TryWriteSegments([]Segment{{B: make([]byte, window+1)}}); ok || err != nil {
-			t.Errorf("a write over the window: %v, %v; want false, nil", ok, err)
+		if ok, err := sw.TryWriteSegments([]Segment{{B: make([]byte, wholeMax+1)}}); ok || err != nil {
+			t.Errorf("a write over wholeMax: %v, %v; want false, nil", ok, err)
 		}
 		n := 0
 		for ; ; n++ {
@@ -794,5 +794,54 @@ func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 	}
 	if !bytes.Equal(body, want) {
 		t.Fatalf("%d bytes, want %d; differ from byte %d", len(body), len(want), firstDiff(string(body), string(want)))
+	}
+}
+
+// TestWholeWriteAfterUncreditedRead: the client credits what it read only
+// once it is creditStep, so a client that has read everything may leave
+// up to creditStep-1 bytes uncredited for good. A write that the stream's
+// credit no longer fits because of them, though within the window, still
+// reaches the client, whole and in order: here the client reads a first
+// write of less than creditStep (and so credits none), and the stream
+// then writes more than the credit left at once.
+func TestWholeWriteAfterUncreditedRead(t *testing.T) {
+	const first = 100 << 10
+	second := bytes.Repeat([]byte{'b'}, window-first/2) // over window-first
+	read := make(chan struct{})
+	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		if _, err := sw.WriteSegments([]Segment{{B: bytes.Repeat([]byte{'a'}, first)}}); err != nil {
+			return
+		}
+		select {
+		case <-read:
+		case <-r.Context().Done():
+			return
+		}
+		// Two segments, so that no single one is over wholeMax.
+		sw.WriteSegments([]Segment{{B: second[:len(second)/2]}, {B: second[len(second)/2:]}})
+	}))
+	c, _ := client(t, 8)
+	// Bounds the failure (a write that waits for credit never ends), not
+	// a step of the test.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp := get(t, c, ctx, srv.URL+"/x")
+	defer resp.Body.Close()
+	head := make([]byte, first)
+	if _, err := io.ReadFull(resp.Body, head); err != nil {
+		t.Fatal(err)
+	}
+	if want := bytes.Repeat([]byte{'a'}, first); !bytes.Equal(head, want) {
+		t.Fatalf("the first write differs from byte %d", firstDiff(string(head), string(want)))
+	}
+	close(read)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%d bytes of the second write's %d, then: %v", len(rest), len(second), err)
+	}
+	if !bytes.Equal(rest, second) {
+		t.Fatalf("the second write: %d bytes, want %d; differ from byte %d", len(rest), len(second), firstDiff(string(rest), string(second)))
 	}
 }

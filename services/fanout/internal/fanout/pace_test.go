@@ -127,19 +127,14 @@ func newPacedWatch(t *testing.T, every time.Duration, how ...pacing) *pacedWatch
 	m := newMetrics(prometheus.NewRegistry())
 	s := &Server{cfg: Config{BookmarkInterval: time.Hour, WriteCoalesce: every}, clock: clk, m: m}
 	h := newHub(res, nil, ringLimits{}, slog.New(slog.DiscardHandler), m, clk)
-	w := &writeRecorder{h: http.Header{}, writes: make(chan []byte, 16), clk: clk, done: make(chan struct{})}
-	pw := &pacedWatch{t: t, clk: clk, w: w, every: every}
-	var rw http.ResponseWriter = w
-	if len(how) > 0 && how[0] == sessionPacer {
-		pw.sw = &sessionRecorder{writeRecorder: w, room: make(chan struct{}, 1), waiting: make(chan struct{}, 1)}
-		rw = pw.sw
-	}
-	st := &stream{w: rw, rc: http.NewResponseController(rw), res: res, f: jsonLines, enc: &encoder{res: res}, m: m, clock: clk, batches: &sync.Pool{}}
+	pw := &pacedWatch{t: t, clk: clk, every: every}
+	var st *stream
+	pw.w, pw.sw, st = recordedStream(clk, m, res, len(how) > 0 && how[0] == sessionPacer)
+	w := pw.w
 	pw.wt = newWatcher(kube.Everything(""), 100, 1<<20)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	if pw.sw != nil {
-		st.sw = pw.sw
 		pc := newPacer(clk, every)
 		pw.noted = make(chan int, 1000)
 		pc.testNoted = func(n int) {
@@ -158,6 +153,22 @@ func newPacedWatch(t *testing.T, every time.Duration, how ...pacing) *pacedWatch
 	}
 	t.Cleanup(func() { cancel(); close(w.done); wg.Wait() })
 	return pw
+}
+
+// recordedStream is a JSON watch stream of res whose writes w records; a
+// session stream (sw, not nil) if session is set.
+func recordedStream(clk *clocktesting.FakeClock, m *metrics, res *kube.Resource, session bool) (w *writeRecorder, sw *sessionRecorder, st *stream) {
+	w = &writeRecorder{h: http.Header{}, writes: make(chan []byte, 16), clk: clk, done: make(chan struct{})}
+	var rw http.ResponseWriter = w
+	if session {
+		sw = &sessionRecorder{writeRecorder: w, room: make(chan struct{}, 1), waiting: make(chan struct{}, 1)}
+		rw = sw
+	}
+	st = &stream{w: rw, rc: http.NewResponseController(rw), res: res, f: jsonLines, enc: &encoder{res: res}, m: m, clock: clk, batches: &sync.Pool{}}
+	if sw != nil {
+		st.sw = sw
+	}
+	return w, sw, st
 }
 
 func (p *pacedWatch) enqueue(revs ...int64) {
@@ -255,6 +266,37 @@ func testBusyWatchGathersEvents(t *testing.T, how pacing) {
 	parked()
 	enqueue(burst[1:]...)
 	expect(burst...)
+}
+
+// TestZeroIntervalNeverSchedules: with watch.write-coalesce 0, a session's
+// pacer writes a notified watch at once and never schedules it, also when
+// the watch's goroutine wrote it last, after the pacer read the clock (the
+// rest of a zero interval would look positive then, and a watch due at once
+// would be written again and again in one pass while events come).
+func TestZeroIntervalNeverSchedules(t *testing.T) {
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := reg.ByID("pods")
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	w, _, st := recordedStream(clk, newMetrics(prometheus.NewRegistry()), res, true)
+	defer close(w.done)
+	// The pacer's loop does not run: the test calls its write as the loop
+	// would, for each notification.
+	pc := newPacer(clk, 0)
+	p := &pacedWatch{t: t, clk: clk, w: w, wt: newWatcher(kube.Everything(""), 100, 1<<20)}
+	e := pc.add(st, p.wt)
+	now := clk.Now()
+	for rev := int64(1); rev <= 3; rev++ {
+		e.lastWrite = now.Add(time.Millisecond)
+		p.enqueue(rev)
+		pc.write(e, now, false, false)
+		if len(pc.due) != 0 {
+			t.Fatalf("revision %d: the watch was scheduled for %v (now %v)", rev, pc.due[0].at, now)
+		}
+		p.expect(rev)
+	}
 }
 
 // TestSlowWriteIsNotPacedAgain: a busy watch whose write took longer than

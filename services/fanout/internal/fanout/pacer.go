@@ -227,7 +227,11 @@ func (p *pacer) write(e *paced, now time.Time, urgent, due bool) {
 		return
 	}
 	busy := due || scheduled
-	if wait := p.every - now.Sub(e.lastWrite); !busy && !urgent && wait > 0 {
+	// Without an interval nothing waits: the watch's goroutine may have
+	// written it after now was read, and a zero interval would then
+	// leave a wait, and a watch due at once written again and again in
+	// one pass while events come, holding up the others.
+	if wait := p.every - now.Sub(e.lastWrite); p.every > 0 && !busy && !urgent && wait > 0 {
 		p.schedule(e, now.Add(wait))
 		return
 	}
