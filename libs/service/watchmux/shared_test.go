@@ -742,8 +742,9 @@ func TestSharedWaitsForCredit(t *testing.T) {
 // TestTryWriteSegmentsNeverWaits: TryWriteSegments writes as long as the
 // stream's credit allows and then, instead of waiting for the client,
 // writes nothing and reports false; a write larger than a stream sends
-// whole (wholeMax) is refused at once. What it refused, written with WriteSegments once
-// the client reads, follows what it wrote, each byte once.
+// whole (wholeMax) is refused at once. What it refused, written with
+// WriteSegments once the client reads, follows what it wrote, each byte
+// once.
 func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 	shared := blobs(4, 16<<10)
 	const extra = 2 // writes after the first refusal

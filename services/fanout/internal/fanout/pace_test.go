@@ -115,14 +115,7 @@ const (
 func (p pacing) String() string { return [...]string{"own goroutine", "session pacer"}[p] }
 
 func newPacedWatch(t *testing.T, every time.Duration, how ...pacing) *pacedWatch {
-	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, ok := reg.ByID("pods")
-	if !ok {
-		t.Fatal("no pods resource")
-	}
+	res := podsResource(t)
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	m := newMetrics(prometheus.NewRegistry())
 	s := &Server{cfg: Config{BookmarkInterval: time.Hour, WriteCoalesce: every}, clock: clk, m: m}
@@ -165,7 +158,7 @@ func recordedStream(clk *clocktesting.FakeClock, m *metrics, res *kube.Resource,
 		rw = sw
 	}
 	st = &stream{w: rw, rc: http.NewResponseController(rw), res: res, f: jsonLines, enc: &encoder{res: res}, m: m, clock: clk, batches: &sync.Pool{}}
-	if sw != nil {
+	if sw != nil { // a nil *sessionRecorder would make a non-nil st.sw
 		st.sw = sw
 	}
 	return w, sw, st
@@ -274,13 +267,8 @@ func testBusyWatchGathersEvents(t *testing.T, how pacing) {
 // rest of a zero interval would look positive then, and a watch due at once
 // would be written again and again in one pass while events come).
 func TestZeroIntervalNeverSchedules(t *testing.T) {
-	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, _ := reg.ByID("pods")
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	w, _, st := recordedStream(clk, newMetrics(prometheus.NewRegistry()), res, true)
+	w, _, st := recordedStream(clk, newMetrics(prometheus.NewRegistry()), podsResource(t), true)
 	defer close(w.done)
 	// The pacer's loop does not run: the test calls its write as the loop
 	// would, for each notification.
