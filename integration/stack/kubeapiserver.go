@@ -14,6 +14,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"herald.dev/libs/service"
 )
 
 // KubeAPIServerEnv names a prebuilt kube-apiserver binary to use instead of
@@ -166,6 +168,10 @@ func StartKubeAPIServer(ctx context.Context, o KubeAPIServerOptions) (*KubeAPISe
 		args = append(args, "--encryption-provider-config="+o.EncryptionConfig)
 	}
 	cmd := exec.Command(o.Bin, args...)
+	// The runtime setting Herald's own processes get (Proc.Start), so that
+	// a side by side gives both the same: kube-apiserver is a Go process
+	// woken for every event too.
+	cmd.Env = service.SysmonAwakeEnv(os.Environ())
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := cmd.Start

@@ -32,6 +32,8 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"herald.dev/libs/service"
 )
 
 // Options say what to start. Zero addresses pick free loopback ports.
@@ -542,6 +544,8 @@ func (p *Proc) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cmd := exec.Command(filepath.Join(p.stack.opts.BinDir, p.Bin), p.Args...)
+	// As the manifests run them: sysmon kept out of its deep sleep.
+	cmd.Env = service.SysmonAwakeEnv(os.Environ())
 	out := p.stack.opts.Logs
 	if out == nil {
 		dir := filepath.Join(p.stack.opts.Dir, "logs")

@@ -108,6 +108,9 @@ func Run(ctx context.Context, name string, cfg Config, args []string, logTo io.W
 		return err
 	}
 	log.Info(name+" starting", "admin", p.Admin.Addr())
+	if !sysmonAwake() {
+		log.Info("GODEBUG has no schedtrace: the runtime's sysmon sleeps deeply between events and is woken for each one; GODEBUG=" + SysmonAwake + " spares that (docs/operations.md, Cores)")
+	}
 	// After build: what a component sizes by its Ps (fanout's pacers) sees
 	// them all.
 	pc.Procs.adaptProcs(ctx, log)

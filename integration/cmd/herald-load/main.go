@@ -31,6 +31,7 @@ import (
 
 	"herald.dev/integration/loadgen"
 	"herald.dev/integration/stack"
+	"herald.dev/libs/service"
 )
 
 func main() {
@@ -673,6 +674,10 @@ func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tok
 	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-replicas", fmt.Sprint(replicas))
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Every server process of both systems runs with the runtime setting
+	// Herald's services get (integration/stack, the manifests): the hosts
+	// of etcd (and NATS) as much as the services and kube-apiserver.
+	cmd.Env = service.SysmonAwakeEnv(os.Environ())
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	// The host and every process it starts run on the servers' CPUs.
