@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/service"
 )
 
 // overlays are the renderings that must hold; each is deploy/k8s/overlays/<name>.
@@ -282,10 +283,19 @@ func checkHeraldContainer(t *testing.T, r *rendering, where, svc string, c corev
 		}
 		args[name] = value
 	}
+	godebug := ""
 	for _, e := range c.Env {
 		if strings.HasPrefix(e.Name, "HERALD_") && !knownEnv(known, e.Name) {
 			t.Errorf("%s: env %s names no flag of %s", where, e.Name, svc)
 		}
+		if e.Name == "GODEBUG" {
+			godebug = e.Value
+		}
+	}
+	// Started as integration/stack starts it (docs/operations.md, "The
+	// runtime's sysmon").
+	if godebug != service.SysmonAwake {
+		t.Errorf("%s: GODEBUG %q, want %q (libs/service's SysmonAwake)", where, godebug, service.SysmonAwake)
 	}
 	for _, f := range addrFlags {
 		v, ok := args[f]
