@@ -84,6 +84,34 @@ func TestReportKeepsAnalysis(t *testing.T) {
 	}
 }
 
+// The run-queue wait is compared like the CPU, per 1,000 deliveries of the
+// whole stack; the steal is the machine's, shown for each system without a
+// ratio, and "not measured" where it was not.
+func TestReportWaitAndSteal(t *testing.T) {
+	wl := Workload{Name: "w"}
+	h := &Result{Target: "Herald", Workload: "w", Deliveries: 2000, CPU: map[string]float64{"a": 10, "b": 10},
+		Wait: map[string]float64{"a": 300, "b": 100}, Slices: map[string]float64{"a": 5, "b": 7}, Steal: 0.125}
+	k := &Result{Target: "kube-apiserver", Workload: "w", Deliveries: 2000, CPU: map[string]float64{"c": 10},
+		Wait: map[string]float64{"c": 800}, Steal: -1}
+	var b strings.Builder
+	(&Report{Workloads: []Workload{wl}, Herald: map[string]*Result{"w": h}, Kube: map[string]*Result{"w": k},
+		HeraldRounds: map[string][]*Result{"w": {h, h}}, KubeRounds: map[string][]*Result{"w": {k, k}}}).Write(&b)
+	for _, want := range []string{
+		"| server run-queue wait per 1,000 deliveries (ms, whole stack: runnable, not running) | 200.00 | 400.00 | 0.50 |",
+		"| machine's CPU time stolen by the hypervisor, first write to last delivery (%) | 12.5 | not measured | – |",
+		"run-queue wait by process (ms): a 300, b 100; times put on a CPU by process: a 5, b 7;",
+		"run-queue wait by process (ms): c 800; times put on a CPU by process: not measured;",
+		"2000/0 delivered, 12.5% stolen; p99",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "-100.0% stolen") {
+		t.Errorf("kube-apiserver's every-run line shows an unmeasured steal:\n%s", b.String())
+	}
+}
+
 func TestHistogramQuantile(t *testing.T) {
 	before := histogram{bounds: []float64{0.001, 0.002, 0.004, math.Inf(1)}, counts: []float64{10, 10, 10, 10}}
 	after := histogram{bounds: before.bounds, counts: []float64{10, 60, 110, 110}}

@@ -45,6 +45,17 @@ type Result struct {
 	// sum of the target's processes (0 where /proc/<pid>/io is unreadable).
 	WriteCalls       map[string]float64 `json:",omitempty"`
 	ServerWriteCalls float64            `json:",omitempty"`
+	// Wait: how long each process's threads were runnable but not
+	// running during Window, in milliseconds, and Slices: how many times
+	// they were put on a CPU (schedstat; a process whose figures cannot be
+	// read is left out). Every hop an event crosses wakes a process, and
+	// what it waits for a CPU is in the latency.
+	Wait   map[string]float64 `json:",omitempty"`
+	Slices map[string]float64 `json:",omitempty"`
+	// Steal: the share of the machine's CPU time the hypervisor gave to
+	// something else during Window (-1: not measured). It slows both
+	// systems and varies from run to run.
+	Steal float64
 	// ClientBusy: ClientCPU over the window and the client's CPUs when it
 	// was pinned to some (0: not pinned).
 	ClientBusy float64 `json:",omitempty"`
@@ -112,6 +123,22 @@ func (r *Result) WriteCallsPer1000() float64 {
 	return r.ServerWriteCalls / float64(r.Deliveries) * 1000
 }
 
+// WaitPer1000 is the target's run-queue wait, in milliseconds, per 1,000
+// deliveries; -1 (not measured) unless every process's figures were read.
+func (r *Result) WaitPer1000() float64 {
+	if len(r.Wait) == 0 || len(r.Wait) < len(r.CPU) {
+		return -1
+	}
+	if r.Deliveries == 0 {
+		return 0
+	}
+	var sum float64
+	for _, v := range r.Wait {
+		sum += v
+	}
+	return sum / float64(r.Deliveries) * 1000
+}
+
 // CPUPer1000 is the target's CPU milliseconds per 1,000 deliveries.
 func (r *Result) CPUPer1000() float64 {
 	if r.Deliveries == 0 {
@@ -156,6 +183,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		r.Metrics = http.DefaultClient
 	}
 	res := &Result{Target: t.Name, Workload: w.Name, CPU: map[string]float64{}, WriteCalls: map[string]float64{},
+		Wait: map[string]float64{}, Slices: map[string]float64{}, Steal: -1,
 		HeapPerWatcher: map[string]float64{}, RSSPerWatcher: map[string]float64{}, HeapFromNone: map[string]float64{}, Terminated: -1, History: -1}
 	// Settle: the servers see the write rate for a while before any
 	// watcher opens (see Workload.Settle).
@@ -327,7 +355,8 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 		stages0[i] = h
 	}
-	cpu0, writes0 := r.cpu(), r.writeCalls()
+	cpu0, writes0, sched0 := r.cpu(), r.writeCalls(), r.sched()
+	ticks0, ticksErr := ReadMachineTicks()
 	start := time.Now()
 	if t.Profile != nil {
 		go t.Profile(ctx, w.Duration)
@@ -394,6 +423,22 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	for name, v := range r.writeCalls() {
 		res.WriteCalls[name] = v - writes0[name]
 		res.ServerWriteCalls += res.WriteCalls[name]
+	}
+	for name, v := range r.sched() {
+		s0, ok := sched0[name]
+		if !ok {
+			continue
+		}
+		if v.Wait < s0.Wait || v.Slices < s0.Slices {
+			// Threads that ended took their figures with them.
+			r.Log.Warn("scheduling figures went down over the window: not measured", "process", name)
+			continue
+		}
+		res.Wait[name] = float64((v.Wait - s0.Wait).Milliseconds())
+		res.Slices[name] = v.Slices - s0.Slices
+	}
+	if ticks1, err := ReadMachineTicks(); err == nil && ticksErr == nil {
+		res.Steal = StealShare(ticks0, ticks1)
 	}
 	if r.ClientCPUs > 0 && res.Window > 0 {
 		res.ClientBusy = res.ClientCPU / (float64(res.Window.Milliseconds()) * float64(r.ClientCPUs))
@@ -536,14 +581,22 @@ func (r *Runner) cpu() map[string]float64 {
 	return out
 }
 
-// writeCalls reads the target's processes' write system calls so far; a
-// process whose count cannot be read is left out (logged), not counted as 0.
+// sched reads the target's processes' scheduling so far.
+func (r *Runner) sched() map[string]Sched { return readEach(r, "scheduling figures", ReadSched) }
+
+// writeCalls reads the target's processes' write system calls so far.
 func (r *Runner) writeCalls() map[string]float64 {
-	out := map[string]float64{}
+	return readEach(r, "write system calls", WriteCalls)
+}
+
+// readEach reads one figure of each of the target's processes; a process
+// whose figure cannot be read is left out (logged), not counted as 0.
+func readEach[T any](r *Runner, what string, read func(pid int) (T, error)) map[string]T {
+	out := map[string]T{}
 	for _, p := range r.Target.CPU {
-		v, err := WriteCalls(p.Pid)
+		v, err := read(p.Pid)
 		if err != nil {
-			r.Log.Warn("write system calls", "process", p.Name, "err", err)
+			r.Log.Warn(what, "process", p.Name, "err", err)
 			continue
 		}
 		out[p.Name] = v
@@ -590,5 +643,5 @@ func (r *Runner) held(ctx context.Context, open int) map[string]float64 {
 func (r *Result) String() string {
 	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, reordered %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
 		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Terminated, r.History, r.BytesPerEvent(), r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
-		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, write calls by process %v, stages %+v", r.PutP50, r.PutP99, r.CPU, r.WriteCalls, r.Stages)
+		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, write calls by process %v, run-queue wait by process %v, slices by process %v, steal %.3f, stages %+v", r.PutP50, r.PutP99, r.CPU, r.WriteCalls, r.Wait, r.Slices, r.Steal, r.Stages)
 }
