@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -81,6 +82,41 @@ func TestReportKeepsAnalysis(t *testing.T) {
 	(&Report{Analysis: "p99 is high because\nthe machine was busy."}).Write(&b)
 	if got := KeptAnalysis([]byte(b.String())); got != "p99 is high because\nthe machine was busy." {
 		t.Fatalf("kept analysis %q", got)
+	}
+}
+
+// A profile's summary is what pprof reports, never what the go command
+// writes to standard error around it: with GODEBUG=gctrace=1 in the
+// environment every Go program, the go command among them, traces its
+// collections there.
+func TestPprofTopIsTheReportOnly(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "cpu.pprof")
+	out, err := os.Create(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		t.Fatal(err)
+	}
+	pprof.StopCPUProfile()
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GODEBUG", "gctrace=1")
+	top, err := PprofTop(f, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(top, "flat") {
+		t.Fatalf("no pprof report in %q", top)
+	}
+	for _, l := range strings.Split(top, "\n") {
+		if strings.HasPrefix(l, "gc ") || strings.HasPrefix(l, "# ") {
+			t.Fatalf("the go command's standard error in the summary: %q", l)
+		}
+	}
+	if _, err := PprofTop(filepath.Join(t.TempDir(), "missing.pprof"), 5); err == nil {
+		t.Fatal("a missing profile summarized without an error")
 	}
 }
 

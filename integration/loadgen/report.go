@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"io"
@@ -303,12 +304,18 @@ func MedianCPUPer1000(rs []*Result) float64 {
 	return v[len(v)/2]
 }
 
-// PprofTop summarizes a CPU profile with `go tool pprof -top`.
+// PprofTop summarizes a CPU profile with `go tool pprof -top`. The summary is
+// pprof's standard output only: what the go command writes to standard error
+// while it builds the tool (a cached compile's replayed output, download
+// lines) is not the profile's, and is kept for the error alone.
 func PprofTop(file string, n int, extra ...string) (string, error) {
 	args := append([]string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n)}, extra...)
-	out, err := exec.Command("go", append(args, file)...).CombinedOutput()
+	var stderr bytes.Buffer
+	cmd := exec.Command("go", append(args, file)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("pprof %s: %v: %s", file, err, out)
+		return "", fmt.Errorf("pprof %s: %v: %s", file, err, stderr.Bytes())
 	}
 	return string(out), nil
 }
