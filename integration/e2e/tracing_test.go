@@ -1,26 +1,23 @@
 package e2e
 
 import (
-	"context"
 	"encoding/hex"
-	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
 
 	"herald.dev/integration/stack"
+	"herald.dev/integration/tracerecv"
 )
 
-// otlpReceiver is a minimal OTLP/gRPC trace collector: it keeps every span
-// it is sent, with the service.name of the process that sent it.
+// otlpReceiver keeps every span Herald's processes export, with the
+// service.name of the process that sent it.
 type otlpReceiver struct {
-	collectortrace.UnimplementedTraceServiceServer
-	addr string
+	*tracerecv.Receiver
 
 	mu    sync.Mutex
 	spans []recvSpan
@@ -31,25 +28,6 @@ type recvSpan struct {
 	span    *tracepb.Span
 }
 
-func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, rs := range req.ResourceSpans {
-		svc := ""
-		for _, a := range rs.GetResource().GetAttributes() {
-			if a.Key == "service.name" {
-				svc = a.GetValue().GetStringValue()
-			}
-		}
-		for _, ss := range rs.ScopeSpans {
-			for _, sp := range ss.Spans {
-				r.spans = append(r.spans, recvSpan{svc, sp})
-			}
-		}
-	}
-	return &collectortrace.ExportTraceServiceResponse{}, nil
-}
-
 func (r *otlpReceiver) snapshot() []recvSpan {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -58,15 +36,17 @@ func (r *otlpReceiver) snapshot() []recvSpan {
 
 func startOTLPReceiver(t *testing.T) *otlpReceiver {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r := &otlpReceiver{}
+	rcv, err := tracerecv.Start(func(svc string, sp *tracepb.Span) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.spans = append(r.spans, recvSpan{svc, sp})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &otlpReceiver{addr: ln.Addr().String()}
-	srv := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(srv, r)
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	t.Cleanup(rcv.Stop)
+	r.Receiver = rcv
 	return r
 }
 
@@ -87,9 +67,10 @@ func attrInt(sp *tracepb.Span, key string) (int64, bool) {
 // gRPC metadata.
 func TestOneTracePerEvent(t *testing.T) {
 	rcv := startOTLPReceiver(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+rcv.addr)
-	t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	for _, kv := range rcv.Env(100) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
 	e := startStack(t, stack.Options{})
 	ctx := testContext(t, 45*time.Second)
 

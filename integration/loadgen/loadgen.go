@@ -139,6 +139,10 @@ type Target struct {
 	// on its own (apiserver_terminated_watchers_total: a watcher too slow
 	// for its buffer), summed over its processes.
 	Terminated func(ctx context.Context) (float64, error)
+	// Hops, if set, receives the spans of every event (Herald's processes
+	// export them to it): the run reports each hop's share of the
+	// measured events' latency.
+	Hops *HopTracer
 	// History, if set, returns the size of the target's event history for
 	// pods (kube-apiserver: watch_cache_capacity), read when the
 	// watchers open.

@@ -54,6 +54,9 @@ type Report struct {
 	// HeraldRounds, KubeRounds: every run of each workload (-rounds).
 	HeraldRounds, KubeRounds map[string][]*Result
 	KubeNote                 string // why the baseline was not measured, if so
+	// Traced: Herald's processes exported every event's spans
+	// (herald-load -trace-hops), which costs CPU and latency.
+	Traced bool
 	// Memory: each system holding MemoryPods pods, by storage encoding
 	// (MeasureMemory).
 	MemoryPods int
@@ -96,6 +99,9 @@ func (rp *Report) Write(w io.Writer) {
 	p("- Load: one client process on the same machine (%s) writes pods of ~1.4 KB JSON straight into etcd (`/registry/pods/<ns>/<name>`, kube-apiserver's key layout; with the defaults kube-apiserver fills in before storing a pod, so that both systems serve the object etcd holds) at W writes/s for the stated time (offered whatever etcd's commits take, up to %v each: as many Puts in flight as that needs, as a cluster's many writers would), cycling over 5,000 pods (pod i on node-<i mod 5000>); every pod carries its write time in the `%s` annotation. Before any watcher opens, the same writes run for the workload's settle time, so that kube-apiserver's watch cache has grown its history to its steady state for the rate (it starts at 100 events and doubles while it holds less than about 75 s of them; a new watcher's buffer is about one second of that history) — the history it had when the watchers opened is in the tables. Watchers then open from the same revision, each on its own TLS connection as a fleet of separate processes would (HTTP/1.1 unless the workload says otherwise; workloads named `-h2mux` multiplex a stated number of watchers per HTTP/2 connection instead, the same number on both systems), each with its own bearer token user (broadcast: 10 users; kubelet-like: one user per node, `fieldSelector=spec.nodeName=node-<i>`), all in group system:masters.\n", rp.CPUs, writeSlack, WrittenAtAnnotation)
 	p("- Protobuf workloads (named `-protobuf`): the same pods, written by the same writer into each system's own fresh etcd as kube-apiserver v1.37 stores them by default: the `k8s\\x00` envelope of apimachinery's protobuf serializer around the v1 Pod (~0.7 KB), at the same keys; kube-apiserver runs with its default protobuf storage and Herald reads the values as it reads a real cluster's etcd; every watcher asks for `application/vnd.kubernetes.protobuf`, as kubelets do, and the load client decodes each length-prefixed `WatchEvent` frame and its pod with apimachinery's generated code (as client-go does). Both systems get identical bytes in etcd and run alone on the machine; Herald in cluster mode on kube-apiserver's own etcd would have served the same values but shared one etcd and the measured window with kube-apiserver, mixing their CPU.\n")
 	p("- Latency: receive time minus the time just before the etcd Put (includes the etcd commit). A stream the server closes is resumed from the last resourceVersion received, as client-go's reflector does, and counted. Missing/duplicate: each watcher's received resourceVersions against the writer's record of the revisions it should see; reordered: events a watcher received after one of a higher resourceVersion. CPU: utime+stime from /proc/<pid>/stat of every server process (Herald: etcd+NATS host, ingest, cache, fanout, frontdoor; baseline: etcd host, kube-apiserver) from the first write to the last delivery. Run-queue wait: over the same window, how long each server process's threads were runnable but not running (the second figure of /proc/<pid>/task/<tid>/schedstat, summed over the threads): waiting for a CPU, or on a virtual machine for a virtual CPU the hypervisor had not scheduled; every process an event crosses is woken for it, and what it waits is in the latency. Steal: the share of the machine's CPU time (/proc/stat) the hypervisor gave to something else during the window, which slows both systems and varies from run to run. Memory per idle watcher: growth of Go heap in use after a forced GC (and of RSS) from half the watchers open and idle to all of them, divided by the watchers the second half added (the cost of one more watch; what the first watches allocate once is not a watch's, and the growth from no watchers, which includes it, is in the lines under each table).\n\n")
+	if rp.Traced {
+		p("**Herald traced every event** (`-trace-hops`): its processes exported a span per event per hop, and their CPU and latency here include that cost; the lines under each table split the traced events' latency by hop. Compare Herald's figures with an untraced run's, not with kube-apiserver's.\n\n")
+	}
 	if rp.KubeNote != "" {
 		p("**kube-apiserver baseline not measured:** %s\n\n", rp.KubeNote)
 	}
@@ -196,6 +202,9 @@ func (rp *Report) Write(w io.Writer) {
 					st = append(st, fmt.Sprintf("%s p50 %.1f ms, p99 %.1f ms (%d events)", s.Name, ms(s.P50), ms(s.P99), s.Count))
 				}
 				p(" Latency by hop, from the services' own histograms over the measured writes (bucket-interpolated): %s.", strings.Join(st, "; "))
+			}
+			if r.Hops != nil {
+				p(" Traced (every event's spans; tracing's own cost is in this run's CPU and latency): %s.", r.Hops)
 			}
 			p("\n")
 		}

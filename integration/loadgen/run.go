@@ -70,6 +70,9 @@ type Result struct {
 	// Stages: the target's per-hop latencies over the measured writes
 	// (warm-up excluded; resumed watchers' catch-up included).
 	Stages []StageLatency `json:",omitempty"`
+	// Hops: the measured events' path, hop by hop, from their spans
+	// (Target.Hops; nil when not traced).
+	Hops *HopLatencies `json:",omitempty"`
 	// Terminated: watches the target closed on its own over the whole
 	// workload, opening and warm-up included (Target.Terminated; -1: not
 	// measured).
@@ -358,6 +361,9 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	cpu0, writes0, sched0 := r.cpu(), r.writeCalls(), r.sched()
 	ticks0, ticksErr := ReadMachineTicks()
 	start := time.Now()
+	if t.Hops != nil {
+		t.Hops.Since(start)
+	}
 	if t.Profile != nil {
 		go t.Profile(ctx, w.Duration)
 	}
@@ -445,6 +451,11 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		if res.ClientBusy > 0.8 {
 			r.Log.Warn("the load client was busy on its CPUs: its own delays are in both systems' latencies", "target", t.Name, "workload", w.Name, "busy", fmt.Sprintf("%.0f%%", 100*res.ClientBusy), "cpus", r.ClientCPUs)
 		}
+	}
+	if t.Hops != nil {
+		// The processes export their spans in batches after the events.
+		t.Hops.Wait(ctx, len(writes), 2*time.Second)
+		res.Hops = t.Hops.Latencies()
 	}
 	for i, st := range t.Stages {
 		h, err := readHistogram(ctx, r.Metrics, st)
@@ -641,7 +652,11 @@ func (r *Runner) held(ctx context.Context, open int) map[string]float64 {
 
 // String is a one-line summary for logs.
 func (r *Result) String() string {
+	traced := ""
+	if r.Hops != nil {
+		traced = ", traced: " + r.Hops.String()
+	}
 	return fmt.Sprintf("%s %s: %d watchers (%d failed, %d ended, %d resumes, %.0f terminated by the server), history %.0f, %.0f bytes/event, %d writes, %d/%d delivered (%.0f/s), missing %d, dup %d, reordered %d, unexpected %d, p50 %s p99 %s max %s, server CPU %.0f ms (%.2f ms/1k), client CPU %.0f ms",
 		r.Target, r.Workload, r.Watchers, r.OpenFailures, r.Ended, r.Resumes, r.Terminated, r.History, r.BytesPerEvent(), r.Writes, r.Deliveries, r.Expected, r.DeliveriesPerSec(),
-		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, write calls by process %v, run-queue wait by process %v, slices by process %v, steal %.3f, stages %+v", r.PutP50, r.PutP99, r.CPU, r.WriteCalls, r.Wait, r.Slices, r.Steal, r.Stages)
+		r.Missing, r.Duplicates, r.Reordered, r.Unexpected, r.P50, r.P99, r.Max, r.ServerCPU, r.CPUPer1000(), r.ClientCPU) + fmt.Sprintf(", etcd Put p50 %s p99 %s, CPU by process %v, write calls by process %v, run-queue wait by process %v, slices by process %v, steal %.3f, stages %+v", r.PutP50, r.PutP99, r.CPU, r.WriteCalls, r.Wait, r.Slices, r.Steal, r.Stages) + traced
 }

@@ -31,6 +31,7 @@ import (
 
 	"herald.dev/integration/loadgen"
 	"herald.dev/integration/stack"
+	"herald.dev/integration/tracerecv"
 	"herald.dev/libs/service"
 )
 
@@ -68,6 +69,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99, the median CPU per delivery (which the targets compare) and every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.StringVar(&o.clientCPUs, "client-cpus", "auto", "CPUs of the load client (this process), the servers getting the rest of those it may use: auto (a quarter of them, on 4 or more; on fewer everything shares them), none, or a list (3, 6-7, 0,2).")
+	flag.BoolVar(&o.traceHops, "trace-hops", false, "Have Herald's processes export every event's spans to a collector in this process, and report where each event's latency went, hop by hop, on JSON watches (a protobuf stream carries no trace lines to frontdoor; tracing costs CPU and latency: compare such a run's figures with an untraced one's, not with kube-apiserver's).")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
@@ -83,6 +85,7 @@ type options struct {
 	duration, kubeletDuration, warmup, settle      time.Duration
 	idle, idleAfter                                time.Duration
 	rounds, memPods, replicas                      int
+	traceHops                                      bool
 }
 
 const (
@@ -255,6 +258,21 @@ func run(o options) error {
 	os.MkdirAll(profDir, 0o755)
 	plain := &http.Client{} // admin ports: metrics and profiles
 	want := func(s string) bool { return strings.Contains(","+o.systems+",", ","+s+",") }
+	// -trace-hops: every Herald process exports every event's spans here.
+	var (
+		hops      *loadgen.HopTracer
+		heraldEnv []string
+	)
+	if o.traceHops {
+		hops = &loadgen.HopTracer{}
+		rcv, err := tracerecv.Start(hops.Span)
+		if err != nil {
+			return err
+		}
+		defer rcv.Stop()
+		heraldEnv = rcv.Env(100)
+		rp.Traced = true
+	}
 
 	// Each workload runs on freshly started systems, Herald then
 	// kube-apiserver, so that no workload inherits another's backlog, heap
@@ -263,7 +281,11 @@ func run(o options) error {
 	// loaded starts a host (mode "herald" or "etcd") in dir and loads pods
 	// (if any) into its etcd; stop stops both.
 	loaded := func(mode, dir, binDir, tokens string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
-		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, o.replicas)
+		var env []string
+		if mode == "herald" {
+			env = heraldEnv
+		}
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, o.replicas, env)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -312,7 +334,7 @@ func run(o options) error {
 		}
 		defer stop()
 		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
-			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}}
+			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}, Hops: hops}
 		for name, pid := range info.Procs {
 			t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
 		}
@@ -661,7 +683,7 @@ type host struct {
 }
 
 // startHost runs `herald-load host` (this binary) and reads its HostInfo.
-func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens string, replicas int) (*host, *loadgen.HostInfo, error) {
+func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens string, replicas int, env []string) (*host, *loadgen.HostInfo, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
@@ -677,7 +699,7 @@ func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tok
 	// Every server process of both systems runs with the runtime setting
 	// Herald's services get (integration/stack, the manifests): the hosts
 	// of etcd (and NATS) as much as the services and kube-apiserver.
-	cmd.Env = service.SysmonAwakeEnv(os.Environ())
+	cmd.Env = append(service.SysmonAwakeEnv(os.Environ()), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	// The host and every process it starts run on the servers' CPUs.
