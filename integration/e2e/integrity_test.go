@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,10 +15,13 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"herald.dev/integration/checker"
 	"herald.dev/integration/stack"
+	"herald.dev/libs/stream"
 )
 
 // relister is a watch client that behaves as a client-go informer: it
@@ -313,6 +317,32 @@ func (e *env) purge(t *testing.T, ctx context.Context) {
 	}
 }
 
+// settleStream returns once the stream has stored or refused every message
+// the killed ingest had sent: NATS has dropped its connection, so it reads
+// nothing more from it, and the stream has answered a publish sent after
+// that. The stream takes in messages in order, and this one it refuses (it
+// expects another stream), so it stores nothing the caches would read.
+func (e *env) settleStream(t *testing.T, ctx context.Context) {
+	t.Helper()
+	waitUntil(t, ctx, "NATS to drop the killed ingest's connection", func() bool {
+		cz, err := e.NATS.Connz(&natsserver.ConnzOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cz.Conns {
+			if strings.HasPrefix(c.Name, "herald-ingest") {
+				return false
+			}
+		}
+		return true
+	})
+	_, err := e.js.Publish(ctx, stream.SubjectProgress, nil, jetstream.WithExpectStream("herald-test-barrier"))
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.ErrorCode(natsserver.JSStreamNotMatchErr) {
+		t.Fatalf("barrier publish: %v, want the stream's refusal (expected stream does not match)", err)
+	}
+}
+
 // TestStreamPurgedUnderLoad empties the stream twice under a write load:
 // once while ingest runs, and once while it is down, so that it resumes on
 // an empty stream whose last revision is lost. No watcher sees a gap
@@ -333,6 +363,8 @@ func TestStreamPurgedUnderLoad(t *testing.T) {
 		100: func() { e.purge(t, ctx) },
 		200: func() {
 			ing.Kill()
+			// What it sent before it died must not land after the purge.
+			e.settleStream(t, ctx)
 			e.purge(t, ctx)
 		},
 		// Writes 200..279 are in etcd only, after the stream's last
