@@ -19,10 +19,11 @@ import (
 // on its standard output.
 type HostInfo struct {
 	EtcdEndpoint string `json:"etcd"`
-	// Pid of the host process itself: embedded etcd (and NATS for Herald).
+	// Pid of the host process itself: embedded etcd, NATS for Herald, or
+	// both when Herald's host embeds its own etcd.
 	Pid int `json:"pid"`
-	// Admin serves /debug/pprof for the host process (its CPU profile splits
-	// etcd from NATS).
+	// Admin serves /debug/pprof for the host process (with both embedded,
+	// its CPU profile splits etcd from NATS).
 	Admin string `json:"admin"`
 	// Herald only. FrontdoorURL is frontdoor-0's; FrontdoorURLs are every
 	// frontdoor replica's, in order.
@@ -33,15 +34,17 @@ type HostInfo struct {
 	Admins        map[string]string `json:"admins,omitempty"` // service name -> admin address
 }
 
-// Host runs in its own process so that the CPU of the embedded etcd (and
-// NATS) is that process's CPU and nothing else's: mode "herald" starts the
-// whole stack (stack.Start: embedded etcd + NATS, every service a process),
-// mode "etcd" only an embedded etcd configured as the stack's, for
-// kube-apiserver. tokenFile, if set, is installed as the stack's token file
-// (its first line must be the admin). replicas (0 or 1: one) is how many
-// fanout and how many frontdoor processes Herald runs. It prints a HostInfo
-// line and runs until stdin closes or ctx ends.
-func Host(ctx context.Context, mode, dir, binDir, tokenFile string, replicas int, stdin io.Reader, stdout io.Writer) error {
+// Host runs in its own process so that the CPU of what it embeds is that
+// process's CPU and nothing else's: mode "herald" starts the whole stack
+// (stack.Start: embedded NATS and every service a process) on the etcd at
+// etcdEndpoint, as Herald reads a cluster's (empty: an etcd embedded in the
+// same process, as make run does); mode "etcd" only an embedded etcd
+// configured as the stack's, for kube-apiserver and for Herald. tokenFile,
+// if set, is installed as the stack's token file (its first line must be
+// the admin). replicas (0 or 1: one) is how many fanout and how many
+// frontdoor processes Herald runs. It prints a HostInfo line and runs until
+// stdin closes or ctx ends.
+func Host(ctx context.Context, mode, dir, binDir, tokenFile, etcdEndpoint string, replicas int, stdin io.Reader, stdout io.Writer) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -64,7 +67,8 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile string, replicas int
 				return err
 			}
 		}
-		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir, Fanouts: replicas, Frontdoors: replicas})
+		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir, Fanouts: replicas, Frontdoors: replicas,
+			Cluster: stack.ClusterEtcd{Endpoints: etcdEndpoint}})
 		if err != nil {
 			return err
 		}

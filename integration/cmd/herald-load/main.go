@@ -43,10 +43,11 @@ func main() {
 		bin := fs.String("bin-dir", "", "Herald service binaries.")
 		tokens := fs.String("tokens", "", "Token file for frontdoor.")
 		replicas := fs.Int("replicas", 1, "Fanout and frontdoor processes (herald mode).")
+		etcd := fs.String("etcd", "", "Client URL of the etcd Herald reads (herald mode; empty: one embedded in this process).")
 		fs.Parse(os.Args[2:])
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, *replicas, os.Stdin, os.Stdout); err != nil {
+		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, *etcd, *replicas, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "herald-load host:", err)
 			os.Exit(1)
 		}
@@ -69,6 +70,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99, the median CPU per delivery (which the targets compare) and every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.StringVar(&o.clientCPUs, "client-cpus", "auto", "CPUs of the load client (this process), the servers getting the rest of those it may use: auto (a quarter of them, on 4 or more; on fewer everything shares them), none, or a list (3, 6-7, 0,2).")
+	flag.StringVar(&o.heraldEtcd, "herald-etcd", "shared", "Where Herald's etcd runs: shared (embedded in the process of Herald's NATS, as make run does) or own (a process of its own, started and loaded as kube-apiserver's is, as a cluster's etcd would be; on 2 cores the extra process cost Herald CPU and p99, see docs/benchmark-experiments.md).")
 	flag.BoolVar(&o.traceHops, "trace-hops", false, "Have Herald's processes export every event's spans to a collector in this process, and report where each event's latency went, hop by hop, on JSON watches (a protobuf stream carries no trace lines to frontdoor; tracing costs CPU and latency: compare such a run's figures with an untraced one's, not with kube-apiserver's).")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
@@ -81,7 +83,7 @@ func main() {
 
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
-	proto, clientCPUs                              string
+	proto, clientCPUs, heraldEtcd                  string
 	duration, kubeletDuration, warmup, settle      time.Duration
 	idle, idleAfter                                time.Duration
 	rounds, memPods, replicas                      int
@@ -100,6 +102,9 @@ func run(o options) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if o.proto != "http1" && o.proto != "http2" {
 		return fmt.Errorf("-proto %q: want http1 or http2", o.proto)
+	}
+	if o.heraldEtcd != "own" && o.heraldEtcd != "shared" {
+		return fmt.Errorf("-herald-etcd %q: want own or shared", o.heraldEtcd)
 	}
 	measured := func(kubelet bool) time.Duration {
 		if kubelet {
@@ -182,7 +187,7 @@ func run(o options) error {
 	log.Info("CPU placement", "placement", cpus.String())
 	rp := &loadgen.Report{Machine: loadgen.Machine(), CPUs: cpus.String(), Command: o.command, Started: time.Now(), Workloads: workloads,
 		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{},
-		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}}
+		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}, OwnEtcd: o.heraldEtcd == "own"}
 	if o.dir == "" {
 		d, err := os.MkdirTemp("", "herald-load")
 		if err != nil {
@@ -278,14 +283,15 @@ func run(o options) error {
 	// kube-apiserver, so that no workload inherits another's backlog, heap
 	// or resumed watchers, and both systems see the machine at about the
 	// same time.
-	// loaded starts a host (mode "herald" or "etcd") in dir and loads pods
-	// (if any) into its etcd; stop stops both.
-	loaded := func(mode, dir, binDir, tokens string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+	// loaded starts a host (mode "herald", on the etcd at etcdEndpoint or
+	// its own, or "etcd") in dir and loads pods (if any) into its etcd;
+	// stop stops both.
+	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
 		var env []string
 		if mode == "herald" {
 			env = heraldEnv
 		}
-		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, o.replicas, env)
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, o.replicas, env)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -317,24 +323,47 @@ func run(o options) error {
 		}
 		time.Sleep(3 * time.Second) // profiles finish
 	}
-	// heraldHost starts a fresh Herald in dir, with pods loaded.
-	heraldHost := func(dir string, pods *loadgen.Pods) (*loadgen.HostInfo, *clientv3.Client, func(), error) {
+	// heraldHost starts a fresh Herald in dir, with pods loaded. With
+	// -herald-etcd own, its etcd is a host of its own, started and loaded
+	// first as kube-apiserver's is; hosts names the host processes.
+	heraldHost := func(dir string, pods *loadgen.Pods) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		if err := os.Symlink(pkiDir, filepath.Join(dir, "pki")); err != nil && !os.IsExist(err) {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
-		return loaded("herald", dir, o.binDir, tokenFile, pods)
+		if o.heraldEtcd == "shared" {
+			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", pods)
+			if err != nil {
+				return nil, nil, nil, nil, err
+			}
+			return info, []hostProc{{"etcd+nats", info}}, etcd, stop, nil
+		}
+		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", pods)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, nil)
+		if err != nil {
+			stopEtcd()
+			return nil, nil, nil, nil, err
+		}
+		heraldEtcd.Close() // the same etcd as etcd's
+		return info, []hostProc{{"etcd", etcdInfo}, {"nats", info}}, etcd, func() { stopHerald(); stopEtcd() }, nil
 	}
 	heraldRun := func(w loadgen.Workload, round int) error {
-		info, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w))
+		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w))
 		if err != nil {
 			return err
 		}
 		defer stop()
-		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w),
-			CPU: []loadgen.NamedPid{{Name: "etcd+nats", Pid: info.Pid}}, Hops: hops}
+		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops}
+		admins := map[string]string{}
+		for _, h := range hosts {
+			t.CPU = append(t.CPU, loadgen.NamedPid{Name: h.name, Pid: h.info.Pid})
+			admins[h.name] = h.info.Admin
+		}
 		for name, pid := range info.Procs {
 			t.CPU = append(t.CPU, loadgen.NamedPid{Name: name, Pid: pid})
 		}
@@ -388,7 +417,6 @@ func run(o options) error {
 			{Name: "cache applied, since ingest received it from etcd", URLs: []string{"http://" + info.Admins["cache-0"] + "/metrics"}, Metric: "herald_cache_apply_latency_seconds"},
 			{Name: "fanout wrote it to the watcher, since ingest received it", URLs: fanoutMetrics, Metric: "herald_event_delivery_latency_seconds"},
 		}
-		admins := map[string]string{"etcd+nats": info.Admin}
 		for name, a := range info.Admins {
 			admins[name] = a
 		}
@@ -411,7 +439,7 @@ func run(o options) error {
 	// kubeHost starts a fresh etcd in dir with pods (if any) loaded, and
 	// kube-apiserver on it with JSON or protobuf storage.
 	kubeHost := func(dir string, pods *loadgen.Pods, protobuf bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
-		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", pods)
+		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -498,7 +526,7 @@ func run(o options) error {
 				rp.Memory = append(rp.Memory, m)
 			}
 			if want("herald") {
-				info, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil)
+				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil)
 				if err != nil {
 					return fmt.Errorf("herald: %w", err)
 				}
@@ -523,7 +551,7 @@ func run(o options) error {
 
 	rp.Notes = targets(rp)
 	for _, w := range workloads {
-		for _, name := range []string{"fanout-0", "frontdoor-0", "etcd+nats", "ingest-0", "cache-0", "kube-apiserver", "kube-etcd"} {
+		for _, name := range []string{"fanout-0", "frontdoor-0", "etcd+nats", "etcd", "nats", "ingest-0", "cache-0", "kube-apiserver", "kube-etcd"} {
 			f := filepath.Join(profDir, w.Name+"-"+name+".pprof")
 			if _, err := os.Stat(f); err != nil {
 				continue
@@ -682,8 +710,15 @@ type host struct {
 	stdin io.WriteCloser
 }
 
+// hostProc is one of Herald's host processes (etcd, NATS, or both) by the
+// name the report gives it.
+type hostProc struct {
+	name string
+	info *loadgen.HostInfo
+}
+
 // startHost runs `herald-load host` (this binary) and reads its HostInfo.
-func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens string, replicas int, env []string) (*host, *loadgen.HostInfo, error) {
+func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens, etcd string, replicas int, env []string) (*host, *loadgen.HostInfo, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
@@ -693,7 +728,7 @@ func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tok
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-replicas", fmt.Sprint(replicas))
+	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-etcd", etcd, "-replicas", fmt.Sprint(replicas))
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// Every server process of both systems runs with the runtime setting
