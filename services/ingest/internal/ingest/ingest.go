@@ -57,6 +57,7 @@ type metrics struct {
 	leaderChanges prometheus.Counter
 	lag           prometheus.Gauge
 	resyncs       prometheus.Counter
+	generation    prometheus.Gauge // herald_stream_generation (generation.go)
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -73,6 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
 		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, or the stream emptied)."}),
+		generation:    generationGauge(reg),
 	}
 }
 
@@ -96,6 +98,9 @@ type Ingest struct {
 	// pause, when set, freezes the next append until it is closed (fault
 	// injection: a long GC pause in the middle of an append).
 	pause atomic.Pointer[chan struct{}]
+	// gen is the stream's generation, as the leader checked it
+	// (generation.go).
+	gen atomic.Int64
 }
 
 // New validates cfg and creates a replica; Run connects and runs it.
@@ -162,7 +167,7 @@ func (i *Ingest) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if i.stream == nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			i.stream, err = i.js.CreateOrUpdateStream(sctx, i.cfg.StreamConfig())
+			i.stream, err = i.js.CreateOrUpdateStream(sctx, i.streamConfig(sctx))
 			cancel()
 			if err != nil {
 				i.log.Warn("cannot create or update the stream; retrying", "stream", i.cfg.Stream, "err", err, "backoff", backoff)
@@ -277,7 +282,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 	if err != nil {
 		return err
 	}
-	msgID := stream.MsgID(rec)
+	msgID := p.i.msgID(rec)
 	start := time.Now()
 	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
 		jetstream.WithMsgID(msgID),
@@ -313,6 +318,9 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 // lead runs one leadership term: resume from the stream, then watch etcd and
 // append until ctx ends or something fails.
 func (i *Ingest) lead(ctx context.Context) error {
+	if err := i.checkGeneration(ctx); err != nil {
+		return err
+	}
 	lastSeq, startRev, skipParts, err := i.resumePoint(ctx)
 	if err != nil {
 		i.m.failures.WithLabelValues("nats").Inc()
