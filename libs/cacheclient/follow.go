@@ -165,6 +165,7 @@ func (f *follower) follow(shard int, after int64) {
 		send(shardBatch{shard: shard, err: err})
 		return
 	}
+	f.s.noteExpiredThrough(st)
 	first := true
 	for {
 		resp, err := st.Recv()

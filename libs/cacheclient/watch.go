@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -64,6 +65,9 @@ type stream struct {
 	opts    []grpc.CallOption
 	next    func() (*heraldv1.WatchResponse, error)
 	err     error // once set, every Recv returns it
+	// expiredThrough: the highest generation floor the shards' streams
+	// announced (generation.go).
+	expiredThrough atomic.Int64
 }
 
 func (s *stream) Recv() (*heraldv1.WatchResponse, error) {
@@ -92,7 +96,7 @@ func (s *stream) RecvMsg(m any) error {
 	return nil
 }
 
-func (s *stream) Header() (metadata.MD, error) { return nil, nil }
+func (s *stream) Header() (metadata.MD, error) { return s.header(), nil }
 func (s *stream) Trailer() metadata.MD         { return nil }
 func (s *stream) CloseSend() error             { return nil }
 func (s *stream) Context() context.Context     { return s.ctx }

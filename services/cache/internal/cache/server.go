@@ -214,6 +214,10 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	if req.Namespace != "" && !rs.res.Namespaced {
 		return status.Error(codes.InvalidArgument, "namespace given for a cluster-scoped resource")
 	}
+	if err := v.s.expiredByGeneration(req); err != nil {
+		return err
+	}
+	v.s.sendExpiredThrough(ctx)
 	if err := v.waitForWatch(ctx, req, rs.res.ID()); err != nil {
 		return err
 	}

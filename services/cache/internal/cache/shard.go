@@ -65,6 +65,7 @@ type metrics struct {
 	deepReplays prometheus.Counter
 	rebuilt     prometheus.Counter
 	historyHits *prometheus.CounterVec
+	generation  prometheus.Gauge // herald_stream_generation (generation.go)
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -83,6 +84,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		gaps:        f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_stream_gaps_total", Help: "Gaps in the consumed stream: messages the shard had not consumed were gone from the stream (aged out, purged) when it read on; each is a rebuild."}),
 		deepReplays: f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_deep_replays_total", Help: "Deep resume rounds started: watches older than the window replayed from the stream's history (one that the window outruns takes another round, in the same slot)."}),
 		historyHits: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_cache_deep_replay_decodes_total", Help: "Values deep replays needed decoded, by result: hit (another replay had decoded it, deep-replay.cache-bytes) or miss."}, []string{"result"}),
+		generation:  generationGauge(reg),
 		rebuilt:     f.NewCounter(prometheus.CounterOpts{Name: "herald_cache_window_rebuild_revisions_total", Help: "Revisions read from the stream into the windows at start (window.rebuild-messages), so that resumes within them are served from memory after a restart."}),
 		e2eLatency: f.NewHistogram(prometheus.HistogramOpts{Name: "herald_cache_apply_latency_seconds", Help: "From ingest receiving a revision from etcd to the shard applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
@@ -130,6 +132,9 @@ type Shard struct {
 	firstOnce sync.Once
 	firstUp   chan struct{}    // closed when the shard is ready the first time
 	asm       stream.Assembler // split revisions (apply goroutine only)
+	// gen and floor: the stream's generation the shard rebuilt from, and
+	// the highest revision of a discarded history (generation.go).
+	gen, floor atomic.Int64
 }
 
 // New validates cfg and creates a shard; Start connects and loads it.
@@ -392,6 +397,9 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 	var rebuildFrom int64 // a warm start's first revision; 0: none
 	if next == 0 {
 		s.ready.Store(false)
+		if err := s.checkGeneration(ctx, st); err != nil {
+			return 0, err
+		}
 		var at int64 // 0: etcd's current revision
 		if warm {
 			if at, err = s.warmStart(ctx, st); err != nil {
@@ -468,7 +476,7 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 		if err != nil {
 			s.log.Error("stream message is not a record; skipped", "subject", msg.Subject(), "sequence", meta.Sequence.Stream, "err", err)
 		} else if rec.Resync {
-			if rec.Revision > s.head.Load() {
+			if rec.Revision > s.head.Load() || s.generationChanged(ctx, st) {
 				return 0, errResyncMarker
 			}
 		} else {

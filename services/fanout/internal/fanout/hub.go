@@ -59,6 +59,10 @@ type hub struct {
 	// isSynced: ringStart and head are known (the upstreams started and
 	// have not lost continuity since).
 	isSynced bool
+
+	// expiredThrough: the upstream's generation floor (generation.go);
+	// a watcher from a revision up to it never joins.
+	expiredThrough int64
 }
 
 // ringLimits bound a hub's ring of recent events: at most events items and
@@ -118,8 +122,10 @@ func (h *hub) runOnce(ctx context.Context) error {
 	}
 	// The opening bookmark: the stream is complete after it.
 	start := resp.Events[0].Revision
+	floor := expiredThrough(st)
 	h.mu.Lock()
 	h.ringStart = start
+	h.expiredThrough = floor
 	h.head.Store(start)
 	h.isSynced = true
 	h.mu.Unlock()
@@ -310,7 +316,7 @@ func (h *hub) release(w *watcher) {
 func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.isSynced || rev < h.ringStart {
+	if !h.isSynced || rev < h.ringStart || rev <= h.expiredThrough {
 		return nil, 0, false
 	}
 	for i := len(h.ring) - 1; i >= 0 && h.ring[i].ev.Revision > rev; i-- {

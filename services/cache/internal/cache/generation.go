@@ -1,0 +1,107 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+	"herald.dev/libs/rv"
+	"herald.dev/libs/stream"
+)
+
+// Whose history the stream holds (libs/stream's generations), as a shard
+// sees it.
+//
+//   - Before every rebuild from an etcd snapshot (at start, after a resync
+//     marker or a gap) the shard compares the stream's generation with its
+//     etcd. When the stream holds another cluster's history, or one past
+//     etcd's revision, the shard neither rebuilds its windows from it nor
+//     applies it: it waits (not ready) until the ingest leader has started
+//     a new generation (its own check, at every leadership term).
+//   - A resync marker at or below the shard's head is normally one the
+//     snapshot already covers; when the stream's generation changed, it
+//     opens another history and the shard rebuilds.
+//   - A watch from a resourceVersion up to the generation's floor (the
+//     highest revision a discarded history reached) is expired (410): such
+//     a revision may name a state of the other history, and the events
+//     that follow it in this one would not apply to it.
+
+var errOtherHistory = errors.New("the stream holds another etcd history; waiting for the ingest leader to start a new generation")
+
+func generationGauge(reg prometheus.Registerer) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "herald_stream_generation",
+		Help: "The stream's generation (the etcd history it holds) the shard last rebuilt from. It changes when etcd is replaced, restored from a snapshot, or compacted past the stream's end."})
+	reg.MustRegister(g)
+	return g
+}
+
+// checkGeneration compares the stream's generation with etcd before a
+// rebuild; errOtherHistory means the stream is not (yet) etcd's.
+func (s *Shard) checkGeneration(ctx context.Context, st stream.Reader) error {
+	gen, recorded, last, err := stream.ReadGeneration(ctx, st)
+	if err != nil {
+		return err
+	}
+	es, err := stream.ReadEtcdState(ctx, s.etcd, last)
+	if err != nil {
+		return err
+	}
+	if mm := stream.CheckGeneration(gen, recorded, last, es); mm != nil && mm.Rule != stream.RuleCompacted {
+		// A compaction past the stream's end costs only the warm start
+		// (loadSnapshot falls back to etcd's current revision); the other
+		// rules mean the stream's records are not etcd's history.
+		return fmt.Errorf("%w (%s: %s)", errOtherHistory, mm.Rule, mm.Reason)
+	}
+	s.setGeneration(gen)
+	return nil
+}
+
+func (s *Shard) setGeneration(gen stream.Generation) {
+	if old := s.gen.Swap(gen.Number); old != gen.Number && old != 0 {
+		s.log.Warn("the stream started a new generation", "generation", gen.Number, "etcdClusterID", fmt.Sprintf("%x", gen.ClusterID),
+			"firstRevision", gen.FirstRevision, "expiredThrough", gen.Floor)
+	}
+	s.floor.Store(max(s.floor.Load(), gen.Floor))
+	s.m.generation.Set(float64(gen.Number))
+}
+
+// generationChanged reports whether the stream's generation is no longer
+// the one the shard rebuilt from.
+func (s *Shard) generationChanged(ctx context.Context, st stream.Reader) bool {
+	gen, recorded, _, err := stream.ReadGeneration(ctx, st)
+	if err != nil {
+		s.log.Warn("cannot read the stream's generation at a resync marker; rebuilding", "err", err)
+		return true
+	}
+	return recorded && gen.Number != s.gen.Load()
+}
+
+// expiredByGeneration is the 410 of a watch from a resourceVersion up to
+// the generation's floor, nil otherwise.
+func (s *Shard) expiredByGeneration(req *heraldv1.WatchRequest) error {
+	rev := req.AfterRevision
+	if req.InitialEvents {
+		rev = req.StateRevision
+	}
+	if floor := s.floor.Load(); rev > 0 && rev <= floor {
+		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", rev, floor+1))
+	}
+	return nil
+}
+
+// sendExpiredThrough tells the watch's client the generation's floor in a
+// response header (libs/rv's ExpiredThroughHeader): a fanout replica
+// refuses to join watches from resourceVersions up to it to its shared
+// stream, and asks the cache, which expires them.
+func (s *Shard) sendExpiredThrough(ctx context.Context) {
+	if floor := s.floor.Load(); floor > 0 {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(rv.ExpiredThroughHeader, rv.FormatExpiredThrough(floor)))
+	}
+}
