@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"herald.dev/libs/kube"
@@ -114,6 +115,9 @@ type stream struct {
 	grpc.ClientStream // nil: only Recv is used
 	w                 *Watch
 }
+
+// Header: a scripted stream sends no response headers.
+func (s *stream) Header() (metadata.MD, error) { return nil, nil }
 
 func (s *stream) Recv() (*heraldv1.WatchResponse, error) {
 	select {

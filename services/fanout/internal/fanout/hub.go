@@ -316,7 +316,7 @@ func (h *hub) release(w *watcher) {
 func (h *hub) join(w *watcher, rev int64) (backlog []*item, head int64, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.isSynced || rev < h.ringStart || rev <= h.expiredThrough {
+	if !h.isSynced || rev < h.ringStart || h.expiredThrough > 0 && rev <= h.expiredThrough {
 		return nil, 0, false
 	}
 	for i := len(h.ring) - 1; i >= 0 && h.ring[i].ev.Revision > rev; i-- {
