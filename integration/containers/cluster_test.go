@@ -162,6 +162,7 @@ type spec struct {
 	ports              []string // container ports published on 127.0.0.1
 	health, path       string   // readiness endpoint
 	files              []testcontainers.ContainerFile
+	binds              []string // host directories mounted (host:container)
 }
 
 func (c *cluster) etcdSpec(i int) spec {
@@ -311,6 +312,7 @@ func (c *cluster) start(t *testing.T, ctx context.Context, s spec) error {
 			for _, p := range s.ports {
 				hc.PortBindings[network.MustParsePort(p)] = []network.PortBinding{{HostIP: loopback}}
 			}
+			hc.Binds = append(hc.Binds, s.binds...)
 		},
 		WaitingFor: readyStrategy{port: s.health, path: s.path, timeout: 2 * time.Minute},
 	}
