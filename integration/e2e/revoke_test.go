@@ -13,10 +13,13 @@ import (
 )
 
 // TestTokenRevocation: through the real stack, removing a user's line from
-// the token file refuses the user on reload; a file that fails to parse
-// keeps the last good tokens and is loud (one log line, the error counter,
-// herald_frontdoor_config_last_reload_successful 0, a warning on /readyz
-// that stays 200); emptying the file refuses everyone.
+// the token file refuses the user on reload. A file that fails to parse,
+// or is deleted, refuses every token (fail closed: the last good tokens
+// are not kept) and is loud: one log line per change (not per check), the
+// error counter, herald_frontdoor_trust_source_broken 1 and
+// herald_frontdoor_config_last_reload_successful 0, and /readyz failing
+// with the source named; all of which recovers once a file that loads is
+// back. Emptying the file (valid) refuses everyone and is not an error.
 func TestTokenRevocation(t *testing.T) {
 	e := startStack(t, stack.Options{Flags: map[string][]string{"frontdoor": {"--reload-interval=200ms"}}})
 	front := e.Proc("frontdoor-0")
@@ -54,8 +57,32 @@ func TestTokenRevocation(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
 		}
 	}
-	reloadOK := func() float64 {
-		return metricLabeled(t, front, "herald_frontdoor_config_last_reload_successful", `what="token file"`)
+	readyz := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + front.Admin + "/readyz")
+		must(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+	// loud checks the signs of a broken (or loaded) token file.
+	loud := func(when string, broken bool, errors float64) {
+		t.Helper()
+		wantOK, wantBroken, wantCode := 1.0, 0.0, http.StatusOK
+		if broken {
+			wantOK, wantBroken, wantCode = 0, 1, http.StatusServiceUnavailable
+		}
+		ok := metricLabeled(t, front, "herald_frontdoor_config_last_reload_successful", `what="token file"`)
+		br := metricLabeled(t, front, "herald_frontdoor_trust_source_broken", `what="token file"`)
+		n := metricLabeled(t, front, "herald_frontdoor_config_reloads_total", `what="token file",result="error"`)
+		if ok != wantOK || br != wantBroken || n != errors {
+			t.Errorf("%s: last_reload_successful %v, trust_source_broken %v, %v errors counted; want %v, %v, %v", when, ok, br, n, wantOK, wantBroken, errors)
+		}
+		c, body := readyz()
+		named := strings.Contains(body, "[-]trust-files failed: token file: ")
+		if c != wantCode || named != broken {
+			t.Errorf("%s: /readyz %d, want %d (token file named: %v)\n%s", when, c, wantCode, broken, body)
+		}
 	}
 
 	replace(adminLine)
@@ -63,30 +90,33 @@ func TestTokenRevocation(t *testing.T) {
 	if c := code(admin); c != http.StatusOK {
 		t.Fatalf("admin after mallory's removal: %d", c)
 	}
+	loud("loaded", false, 0)
 
 	replace(adminLine + "\"unterminated,nobody\n")
-	eventually("the broken file reported", func() bool { return reloadOK() == 0 })
-	if c := code(admin); c != http.StatusOK {
-		t.Fatalf("admin while the file does not parse: %d, want the last good tokens", c)
-	}
-	if n := metricLabeled(t, front, "herald_frontdoor_config_reloads_total", `what="token file",result="error"`); n != 1 {
-		t.Errorf("reload errors counted: %v, want 1", n)
-	}
-	resp, err := http.Get("http://" + front.Admin + "/readyz")
-	must(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "[!]config-files warning: token file: serving the last good one") {
-		t.Errorf("/readyz while the token file does not parse: %d\n%s", resp.StatusCode, body)
-	}
-	logs, _ := os.ReadFile(e.logs)
-	if n := strings.Count(string(logs), `reload failed; keeping the previous configuration" component=frontdoor what="token file"`); n != 1 {
-		t.Errorf("%d log lines for the broken token file, want 1", n)
-	}
+	eventually("every token refused while the file does not parse", func() bool { return code(admin) == http.StatusUnauthorized })
+	loud("the file does not parse", true, 1)
+
+	replace(adminLine)
+	eventually("the admin token back once the file is fixed", func() bool { return code(admin) == http.StatusOK })
+	loud("fixed", false, 1)
+
+	must(t, os.Remove(path))
+	eventually("every token refused once the file is deleted", func() bool { return code(admin) == http.StatusUnauthorized })
+	loud("deleted", true, 2)
 
 	replace("")
-	eventually("everyone refused once the file is emptied", func() bool { return code(admin) == http.StatusUnauthorized })
-	if v := reloadOK(); v != 1 {
-		t.Errorf("last_reload_successful after the empty file loaded: %v", v)
+	eventually("the empty file loaded", func() bool {
+		return metricLabeled(t, front, "herald_frontdoor_trust_source_broken", `what="token file"`) == 0
+	})
+	if c := code(admin); c != http.StatusUnauthorized {
+		t.Errorf("admin once the file is emptied: %d, want 401", c)
+	}
+	loud("emptied", false, 2)
+
+	// One line per broken change, though each was checked many times
+	// (every 200ms) before the next change was noticed.
+	logs, _ := os.ReadFile(e.logs)
+	if n := strings.Count(string(logs), `reload failed; its trust is removed until it loads" component=frontdoor what="token file"`); n != 2 {
+		t.Errorf("%d log lines for the two broken changes of the token file, want 2", n)
 	}
 }

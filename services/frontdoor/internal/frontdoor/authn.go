@@ -23,9 +23,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/websocket"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	saJWT "k8s.io/apiserver/pkg/authentication/token/jwt"
 	"k8s.io/apiserver/pkg/authentication/user"
-
-	"herald.dev/libs/service"
 )
 
 // Well-known users and groups, as kube-apiserver names them.
@@ -49,6 +49,10 @@ type User struct {
 	Extra map[string][]string
 	// Method names the authenticator that vouched for the user (audit).
 	Method string
+	// bound is what a service-account token verified here (standalone) is
+	// bound to, from its verified claims; nil for other users (bound.go
+	// reads a reviewed token's binding from its extra).
+	bound *binding
 }
 
 func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
@@ -66,9 +70,9 @@ func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
 // Every authenticated user is also in system:authenticated. The secrets
 // themselves never leave this file: errors name the reason, not the token.
 type authenticator struct {
-	tokens    *service.Reloadable[tokenFile]     // nil: no static tokens
-	clientCAs *service.Reloadable[x509.CertPool] // nil: client certificates ignored
-	saKeys    *service.Reloadable[saKeySet]      // nil: no service-account tokens
+	tokens    *trustSource[tokenFile]     // nil: no static tokens
+	clientCAs *trustSource[x509.CertPool] // nil: client certificates ignored
+	saKeys    *trustSource[saKeySet]      // nil: no service-account tokens
 	issuers   []string
 	audiences []string
 	anonymous bool
@@ -198,10 +202,21 @@ type saClaims struct {
 			Name string `json:"name"`
 			UID  string `json:"uid"`
 		} `json:"serviceaccount"`
+		// The object a TokenRequest bound the token to: a pod (which
+		// also names its node), a node or a secret.
+		Pod    *claimRef `json:"pod,omitempty"`
+		Node   *claimRef `json:"node,omitempty"`
+		Secret *claimRef `json:"secret,omitempty"`
 	} `json:"kubernetes.io,omitempty"`
 	LegacyNamespace string `json:"kubernetes.io/serviceaccount/namespace,omitempty"`
 	LegacyName      string `json:"kubernetes.io/serviceaccount/service-account.name,omitempty"`
 	LegacyUID       string `json:"kubernetes.io/serviceaccount/service-account.uid,omitempty"`
+}
+
+// claimRef names a bound object in a service-account token's claims.
+type claimRef struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
 }
 
 // serviceAccount verifies a service-account JWT: signature by one of the
@@ -210,10 +225,16 @@ type saClaims struct {
 // Secret-based tokens, which have none, are refused), not expired and not
 // before its time, and a subject of the form
 // system:serviceaccount:<namespace>:<name> that agrees with the private
-// claims. Bound tokens are not checked against the live ServiceAccount,
-// Pod or Secret: Herald has no such objects to look them up in.
+// claims. The user is what kube-apiserver makes of such a token
+// (serviceaccount.ServiceAccountInfo: the pod and node it names and the
+// credential id in its extra); the pod, node or secret it is bound to is
+// checked against the cache on every request (bound.go), as in cluster
+// mode. The ServiceAccount itself is not looked up.
 func (a *authenticator) serviceAccount(raw string) (*User, error) {
 	keys := a.saKeys.Get().keys
+	if len(keys) == 0 {
+		return nil, errors.New("service account token: no verification keys (the key files do not load)")
+	}
 	var claims saClaims
 	p := jwt.NewParser(
 		jwt.WithValidMethods([]string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}),
@@ -240,19 +261,39 @@ func (a *authenticator) serviceAccount(raw string) (*User, error) {
 	if !ok || !ok2 || ns == "" || name == "" || strings.Contains(name, ":") {
 		return nil, fmt.Errorf("service account token: subject %q is not a service account", claims.Subject)
 	}
-	uid := claims.LegacyUID
+	sa := serviceaccount.ServiceAccountInfo{Namespace: ns, Name: name, UID: claims.LegacyUID, CredentialID: saJWT.CredentialIDForJTI(claims.ID)}
+	var b *binding
 	switch {
 	case claims.K8s != nil:
 		if claims.K8s.Namespace != ns || claims.K8s.ServiceAccount.Name != name {
 			return nil, errors.New("service account token: kubernetes.io claims disagree with the subject")
 		}
-		uid = claims.K8s.ServiceAccount.UID
+		k := claims.K8s
+		sa.UID = k.ServiceAccount.UID
+		b = &binding{namespace: ns, pod: k.Pod.ref(), secret: k.Secret.ref()}
+		if k.Pod != nil {
+			sa.PodName, sa.PodUID = k.Pod.Name, k.Pod.UID
+		} else {
+			b.node = k.Node.ref() // a pod-bound token's node is not a binding
+		}
+		if k.Node != nil {
+			sa.NodeName, sa.NodeUID = k.Node.Name, k.Node.UID
+		}
 	case claims.LegacyNamespace != "" || claims.LegacyName != "":
 		if claims.LegacyNamespace != ns || claims.LegacyName != name {
 			return nil, errors.New("service account token: legacy claims disagree with the subject")
 		}
 	}
-	return &User{Name: claims.Subject, UID: uid, Groups: []string{saGroup, saGroup + ":" + ns}, Method: "serviceaccount"}, nil
+	info := sa.UserInfo()
+	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "serviceaccount", bound: b}, nil
+}
+
+// ref is the bound object c names (nil for none).
+func (c *claimRef) ref() *objectRef {
+	if c == nil {
+		return nil
+	}
+	return &objectRef{name: c.Name, uid: c.UID}
 }
 
 // tokenFile is a loaded static token file.
@@ -297,8 +338,8 @@ func loadTokens(path string) (*tokenFile, error) {
 		}
 		a.users[sha256.Sum256([]byte(rec[0]))] = u
 	}
-	// An empty file is valid: it revokes every token (a file that fails to
-	// parse, by contrast, keeps the last good set).
+	// An empty file is valid: it revokes every token (so does a file that
+	// fails to parse or is deleted, reloaded: see trustSource).
 	return a, nil
 }
 

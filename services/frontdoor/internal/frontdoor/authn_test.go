@@ -142,7 +142,7 @@ func TestAnonymous(t *testing.T) {
 }
 
 // TestReload: RBAC manifests and tokens take effect when their files
-// change; a broken change keeps the previous policy.
+// change; a broken change grants nothing (fail closed).
 func TestReload(t *testing.T) {
 	s, dir := testServer(t, "", nil)
 	check := func() {
@@ -161,8 +161,8 @@ func TestReload(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "rbac", "broken.yaml"), []byte("kind: [\n"))
 	check()
-	if code, _, _ := do(s, tokBob, "/api/v1/namespaces/ns2/pods"); code != 200 {
-		t.Fatalf("a broken manifest dropped the policy: %d", code)
+	if code, _, _ := do(s, tokBob, "/api/v1/namespaces/ns2/pods"); code != 403 {
+		t.Fatalf("a broken manifest kept the policy: %d, want 403", code)
 	}
 	writeFile(t, filepath.Join(dir, "tokens.csv"), []byte("new-token,dave,9,\"system:masters\"\n"))
 	check()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,59 +16,107 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
-// Bound service-account tokens (cluster mode). A token the cluster issued
+// Bound service-account tokens, in both modes. A token the cluster issued
 // for a Pod (TokenRequest with a boundObjectRef, what every projected
-// service-account volume holds) or for a Node must stop working once that
-// object is gone, as kube-apiserver's own service-account authenticator
-// ensures. The cluster's answer to TokenReview is cached here for a TTL, so
-// frontdoor checks the binding itself on every request, against its cache,
-// which holds the Pods and Nodes:
+// service-account volume holds), a Node or a Secret must stop working once
+// that object is gone, as kube-apiserver's own service-account token
+// validator ensures. Frontdoor checks the binding itself on every request,
+// against its cache, which holds the Pods, Nodes and Secrets:
 //
-//   - the user's extra names the pod (pod-name, pod-uid; the namespace is
-//     the service account's): the pod must exist with that uid, else 401.
-//     Such a token also names its pod's node; like kube-apiserver, only the
-//     pod is checked then;
-//   - else the extra names a node (node-name, node-uid: a token bound to the
-//     Node itself): the node must exist with that uid, else 401;
+//   - standalone, the token's verified claims name the objects
+//     (authenticator.serviceAccount: User.bound); in cluster mode the
+//     cluster's answer to TokenReview is cached for a TTL, and its user's
+//     extra names the pod (pod-name, pod-uid; the namespace is the service
+//     account's) or the node (node-name, node-uid), while a Secret is named
+//     only by the token's claims, which are read then (not verified: the
+//     cluster verified the token when it reviewed it);
+//   - as kube-apiserver's validator does: a Secret named must exist with
+//     that uid (a legacy token's claims carry no uid: any); a Pod named must
+//     exist with that uid; a Node must, for a token bound to the Node
+//     itself (a pod-bound token also names its pod's node, which is not
+//     checked then); else 401;
 //   - the cache is first asked as it is (resourceVersion "0", no etcd
 //     round trip); only an answer of "missing" or "another uid" is checked
 //     again with a consistent read, so that an object created a moment ago
 //     is not refused because the cache had not applied it yet;
 //   - an error of the cache refuses the token (fail closed), as
-//     kube-apiserver does when it cannot look the object up.
-//
-//   - else a token naming a Secret in its claims (a TokenRequest bound to a
-//     Secret, or a legacy token stored in one): the Secret must exist (with
-//     that uid, when the claims carry one), else 401. The extra does not name
-//     the Secret, so its claims are read (not verified: the cluster verified
-//     the token when it reviewed it).
+//     kube-apiserver does when it cannot look the object up. A resource the
+//     cache does not hold at all (a registry without it) is not checked.
 
 // errBoundObjectGone: the object the token is bound to no longer exists
 // (or is another one of the same name).
 var errBoundObjectGone = errors.New("service account token: the object it is bound to no longer exists")
 
-// checkBoundObject returns an error when u's token is bound to a pod, node
-// or secret that the cache does not hold (with the same uid); nil when it
-// does or when the token is bound to none.
-func (s *Server) checkBoundObject(ctx context.Context, u *User, token string) error {
+// binding is what a service-account token is bound to (nil: not that).
+type binding struct {
+	namespace         string // the service account's
+	secret, pod, node *objectRef
+}
+
+// objectRef is a bound object's name and uid.
+type objectRef struct {
+	name, uid string
+	// anyUID: the claims carry no uid (a legacy token's secret).
+	anyUID bool
+}
+
+// checkBound refuses u, authenticated by r's credentials, when its token
+// is bound to an object the cache does not hold (with that uid).
+func (s *Server) checkBound(r *http.Request, u *User) error {
+	b := u.bound
+	if b == nil && u.Method == "tokenreview" {
+		token, _ := bearerToken(r.Header.Get("Authorization"))
+		var err error
+		if b, err = reviewedBinding(u, token); err != nil {
+			return err
+		}
+	}
+	if b == nil {
+		return nil
+	}
+	return s.checkBinding(r.Context(), b)
+}
+
+// reviewedBinding is the binding of a token the cluster reviewed: from the
+// user's extra (pod, else node) and the token's claims (secret).
+func reviewedBinding(u *User, token string) (*binding, error) {
+	ns, _, err := serviceaccount.SplitUsername(u.Name)
+	if err != nil {
+		return nil, nil // not a service account
+	}
+	b := &binding{namespace: ns}
 	pod, podUID := one(u.Extra[serviceaccount.PodNameKey]), one(u.Extra[serviceaccount.PodUIDKey])
 	node, nodeUID := one(u.Extra[serviceaccount.NodeNameKey]), one(u.Extra[serviceaccount.NodeUIDKey])
 	switch {
 	case pod != "" || podUID != "":
-		ns, _, err := serviceaccount.SplitUsername(u.Name)
-		if err != nil || pod == "" || podUID == "" {
-			return fmt.Errorf("service account token: malformed pod binding for %q", u.Name)
+		b.pod = &objectRef{name: pod, uid: podUID}
+	case node != "" || nodeUID != "":
+		b.node = &objectRef{name: node, uid: nodeUID}
+	}
+	b.secret = secretClaims(token, ns)
+	return b, nil
+}
+
+// checkBinding reports errBoundObjectGone unless the cache holds every
+// object b names, with its uid.
+func (s *Server) checkBinding(ctx context.Context, b *binding) error {
+	for _, c := range []struct {
+		plural, namespace string
+		ref               *objectRef
+	}{{"secrets", b.namespace, b.secret}, {"pods", b.namespace, b.pod}, {"nodes", "", b.node}} {
+		if c.ref == nil {
+			continue
 		}
-		return s.checkCached(ctx, "pods", ns, pod, podUID)
-	case node != "" && nodeUID != "":
-		return s.checkCached(ctx, "nodes", "", node, nodeUID)
-	}
-	ns, _, err := serviceaccount.SplitUsername(u.Name)
-	if err != nil {
-		return nil // not a service account
-	}
-	if name, uid, ok := secretClaims(token, ns); ok {
-		return s.checkCached(ctx, "secrets", ns, name, uid)
+		if c.ref.name == "" || (c.ref.uid == "" && !c.ref.anyUID) {
+			return fmt.Errorf("service account token: malformed %s binding in namespace %q", c.plural, b.namespace)
+		}
+		uid := c.ref.uid
+		if c.ref.anyUID {
+			uid = ""
+		}
+		if err := s.checkCached(ctx, c.plural, c.namespace, c.ref.name, uid); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -76,36 +125,33 @@ func (s *Server) checkBoundObject(ctx context.Context, u *User, token string) er
 // {"namespace", "secret": {"name", "uid"}} for a token bound to a Secret,
 // "kubernetes.io/serviceaccount/secret.name" (no uid) for a legacy one. A
 // Secret in another namespace than the account's is not a binding.
-func secretClaims(token, namespace string) (name, uid string, ok bool) {
+func secretClaims(token, namespace string) *objectRef {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
-		return "", "", false
+		return nil
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return "", "", false
+		return nil
 	}
 	var c struct {
 		Kubernetes *struct {
-			Namespace string `json:"namespace"`
-			Secret    *struct {
-				Name string `json:"name"`
-				UID  string `json:"uid"`
-			} `json:"secret"`
+			Namespace string    `json:"namespace"`
+			Secret    *claimRef `json:"secret"`
 		} `json:"kubernetes.io"`
 		LegacyNamespace string `json:"kubernetes.io/serviceaccount/namespace"`
 		LegacySecret    string `json:"kubernetes.io/serviceaccount/secret.name"`
 	}
 	if json.Unmarshal(payload, &c) != nil {
-		return "", "", false
+		return nil
 	}
 	switch {
 	case c.Kubernetes != nil && c.Kubernetes.Secret != nil && c.Kubernetes.Secret.Name != "" && c.Kubernetes.Namespace == namespace:
-		return c.Kubernetes.Secret.Name, c.Kubernetes.Secret.UID, true
+		return c.Kubernetes.Secret.ref()
 	case c.LegacySecret != "" && c.LegacyNamespace == namespace:
-		return c.LegacySecret, "", true
+		return &objectRef{name: c.LegacySecret, anyUID: true}
 	}
-	return "", "", false
+	return nil
 }
 
 // checkCached reports errBoundObjectGone unless the cache holds the core/v1

@@ -2,11 +2,21 @@ package frontdoor
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -138,6 +148,64 @@ func TestBoundSecretToken(t *testing.T) {
 	for name, token := range map[string]string{"bound": bound, "legacy": legacy} {
 		if code := post(token); code != http.StatusUnauthorized {
 			t.Errorf("%s token after its secret is deleted: %d, want 401", name, code)
+		}
+	}
+}
+
+// TestStandaloneBoundToken: standalone, a service-account token verified
+// by key is held to its binding as in cluster mode (one check, bound.go),
+// from its verified claims: the pod (not its node), a node, a secret, each
+// by name and uid; and its user carries the extra kube-apiserver gives it.
+func TestStandaloneBoundToken(t *testing.T) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	pub, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	keyFile := writeFile(t, filepath.Join(t.TempDir(), "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
+	s, _ := testServer(t, "", func(c *Config) { c.SAKeyFiles = keyFile })
+	pc := &podCache{pods: map[string]string{"ns1/p": "uid-p", "/n1": "uid-n1", "ns1/s": "uid-s"}, rvs: map[string][]string{}}
+	s.cache = pc
+	bound := func(k8s map[string]any) string {
+		return saToken(t, jwt.SigningMethodES256, key, func(c jwt.MapClaims) {
+			m := c["kubernetes.io"].(map[string]any)
+			for k, v := range k8s {
+				m[k] = v
+			}
+			c["jti"] = "j-1"
+		})
+	}
+	ref := func(name, uid string) map[string]any { return map[string]any{"name": name, "uid": uid} }
+	for _, tc := range []struct {
+		name  string
+		k8s   map[string]any
+		code  int
+		extra map[string][]string
+	}{
+		{"pod", map[string]any{"pod": ref("p", "uid-p"), "node": ref("gone", "uid-gone")}, 200, map[string][]string{
+			"authentication.kubernetes.io/pod-name": {"p"}, "authentication.kubernetes.io/pod-uid": {"uid-p"},
+			"authentication.kubernetes.io/node-name": {"gone"}, "authentication.kubernetes.io/node-uid": {"uid-gone"},
+			"authentication.kubernetes.io/credential-id": {"JTI=j-1"}}},
+		{"pod of another uid", map[string]any{"pod": ref("p", "uid-other")}, 401, nil},
+		{"pod without a uid", map[string]any{"pod": ref("p", "")}, 401, nil},
+		{"pod gone", map[string]any{"pod": ref("missing", "uid-m")}, 401, nil},
+		{"pod the cache cannot look up", map[string]any{"pod": ref("down", "uid-d")}, 401, nil},
+		{"node", map[string]any{"node": ref("n1", "uid-n1")}, 200, nil},
+		{"node of another uid", map[string]any{"node": ref("n1", "uid-n0")}, 401, nil},
+		{"secret", map[string]any{"secret": ref("s", "uid-s")}, 200, nil},
+		{"secret of another uid", map[string]any{"secret": ref("s", "uid-s0")}, 401, nil},
+		{"not bound", nil, 200, map[string][]string{"authentication.kubernetes.io/credential-id": {"JTI=j-1"}}},
+	} {
+		tok := bound(tc.k8s)
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		u, err := s.authenticate(req)
+		if code := map[bool]int{true: 200, false: 401}[err == nil]; code != tc.code {
+			t.Errorf("%s: %d (%v), want %d", tc.name, code, err, tc.code)
+			continue
+		}
+		if tc.extra != nil && !reflect.DeepEqual(u.Extra, tc.extra) {
+			t.Errorf("%s: extra %v, want %v", tc.name, u.Extra, tc.extra)
+		}
+		if code, body, _ := do(s, tok, "/api/v1/namespaces/ns1/configmaps"); tc.code == 401 && code != 401 {
+			t.Errorf("%s: served %d %s, want 401", tc.name, code, body)
 		}
 	}
 }

@@ -73,14 +73,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKeyFile, "tls.key-file", "", "Serving key (PEM); reloaded when it changes.")
 	c.AdminConfig.RegisterFlags(fs, "127.0.0.1:9300", " Internal: keep it off public networks.")
 
-	fs.StringVar(&c.TokenFile, "token-auth-file", "", "Static bearer tokens, kube-apiserver's CSV format: token,user,uid,\"group1,group2\"; reloaded when it changes (a removed line or an emptied file revokes; a file that fails to parse keeps the last good tokens). Standalone only: refused with upstream.kubeconfig (its tokens would be impersonated upstream).")
-	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle (PEM) for x509 client certificates (CN is the user, O the groups); reloaded when it changes (an emptied file refuses every certificate; one that fails to parse keeps the last good bundle).")
-	fs.StringVar(&c.SAKeyFiles, "service-account-key-file", "", "Comma-separated PEM files with the public keys (or certificates, or private keys) that verify service-account tokens (which must carry an expiry: legacy Secret-based tokens are refused). Standalone only: refused with upstream.kubeconfig.")
+	fs.StringVar(&c.TokenFile, "token-auth-file", "", "Static bearer tokens, kube-apiserver's CSV format: token,user,uid,\"group1,group2\"; reloaded when it changes (a removed line or an emptied file revokes; a file that is deleted or fails to parse refuses every token until it loads). Standalone only: refused with upstream.kubeconfig (its tokens would be impersonated upstream).")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle (PEM) for x509 client certificates (CN is the user, O the groups); reloaded when it changes (an emptied file refuses every certificate; so does one that is deleted or fails to parse, until it loads).")
+	fs.StringVar(&c.SAKeyFiles, "service-account-key-file", "", "Comma-separated PEM files with the public keys (or certificates, or private keys) that verify service-account tokens (which must carry an expiry: legacy Secret-based tokens are refused); reloaded when they change (one that is deleted or fails to load refuses every service-account token until it loads). A token bound to a pod, node or secret is refused once the cache no longer holds that object with its uid. Standalone only: refused with upstream.kubeconfig.")
 	fs.StringVar(&c.SAIssuers, "service-account-issuer", "https://kubernetes.default.svc.cluster.local", "Comma-separated accepted issuers (iss) of service-account tokens.")
 	fs.StringVar(&c.APIAudiences, "api-audiences", "", "Comma-separated audiences a service-account token must name one of (default: the issuers).")
 	fs.BoolVar(&c.AnonymousAuth, "anonymous-auth", false, "Serve requests without credentials as system:anonymous (group system:unauthenticated), subject to authorization.")
 	fs.DurationVar(&c.ReloadInterval, "reload-interval", 2*time.Second, "How often the certificate, token, CA, key and RBAC files are checked for changes.")
-	fs.StringVar(&c.AuthorizationDir, "authorization.rbac-dir", "", "Directory of RBAC manifests (YAML or JSON Role, ClusterRole, RoleBinding, ClusterRoleBinding, List); reloaded when it changes. Group system:masters is always allowed everything. Standalone only: refused with upstream.kubeconfig.")
+	fs.StringVar(&c.AuthorizationDir, "authorization.rbac-dir", "", "Directory of RBAC manifests (YAML or JSON Role, ClusterRole, RoleBinding, ClusterRoleBinding, List); reloaded when it changes (a directory that is deleted, or a manifest that fails to load, grants nothing until it loads). Group system:masters is always allowed everything. Standalone only: refused with upstream.kubeconfig.")
 
 	c.Upstream.RegisterFlags(fs)
 

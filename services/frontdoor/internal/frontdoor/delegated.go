@@ -279,22 +279,22 @@ func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bo
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode
-// also by TokenReview, after which a token bound to a pod or node is
-// refused once that object is gone (bound.go). A bearer token may come as a
-// WebSocket subprotocol (websocketBearer).
+// also by TokenReview; then, in both modes, a service-account token bound
+// to a pod, node or secret is refused once that object is gone (bound.go).
+// A bearer token may come as a WebSocket subprotocol (websocketBearer).
 func (s *Server) authenticate(r *http.Request) (*User, error) {
 	if err := websocketBearer(r); err != nil {
 		return nil, err
 	}
-	if s.cluster == nil {
-		return s.authn.authenticate(r)
+	authenticate := s.authn.authenticate
+	if s.cluster != nil {
+		authenticate = func(r *http.Request) (*User, error) { return s.cluster.authenticate(r, s.authn) }
 	}
-	u, err := s.cluster.authenticate(r, s.authn)
+	u, err := authenticate(r)
 	if err != nil {
 		return nil, err
 	}
-	token, _ := bearerToken(r.Header.Get("Authorization"))
-	if err := s.checkBoundObject(r.Context(), u, token); err != nil {
+	if err := s.checkBound(r, u); err != nil {
 		return nil, err
 	}
 	return u, nil

@@ -155,7 +155,7 @@ func hasOrStar(list []string, v string) bool {
 // documents, JSON, and v1 Lists of RBAC objects. Any other kind is an error:
 // a policy that silently dropped a binding would be worse than none.
 func loadPolicy(paths []string) (*policy, error) {
-	p := &policy{clusterRoles: map[string][]rbacv1.PolicyRule{}, roles: map[string][]rbacv1.PolicyRule{}, bindings: map[string][]rbacv1.RoleBinding{}}
+	p := emptyPolicy()
 	var aggregated []rbacv1.ClusterRole
 	var labelsOf = map[string]map[string]string{}
 	for _, path := range paths {
@@ -281,4 +281,10 @@ func forbiddenReason(a attributes) string {
 		scope = fmt.Sprintf("in the namespace %q", a.namespace)
 	}
 	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.user.Name, a.verb, a.resource, a.group, scope)
+}
+
+// emptyPolicy grants nothing (system:masters is still allowed everything):
+// the policy of an RBAC directory that does not load.
+func emptyPolicy() *policy {
+	return &policy{clusterRoles: map[string][]rbacv1.PolicyRule{}, roles: map[string][]rbacv1.PolicyRule{}, bindings: map[string][]rbacv1.RoleBinding{}}
 }

@@ -52,15 +52,21 @@ func (r *reloader) expect(token, path string, code int, why string) {
 	}
 }
 
-// expectLoaded checks the loud signs of a file that failed to load: the
-// gauge, the error counter and the readiness detail; or their absence.
+// expectLoaded checks the loud signs of a trust file that failed to load
+// (its trust removed): the gauges, the error counter and the readiness
+// check naming it; or their absence. A trust file is never "serving the
+// last good one" (the config-files readiness detail).
 func (r *reloader) expectLoaded(what string, ok bool, errors float64) {
 	r.t.Helper()
 	gauge := testutil.ToFloat64(r.s.m.reloadOK.WithLabelValues(what))
+	broken := testutil.ToFloat64(r.s.trust.broken.WithLabelValues(what))
 	counted := testutil.ToFloat64(r.s.m.reloads.WithLabelValues(what, "error"))
-	detail := r.s.ConfigErrors()
-	if (gauge == 1) != ok || counted != errors || (detail == nil) != ok || (!ok && !strings.Contains(detail.Error(), what)) {
-		r.t.Fatalf("%s: last_reload_successful %v, %v errors counted, readiness detail %v; want ok=%v and %v errors", what, gauge, counted, detail, ok, errors)
+	check := r.s.TrustErrors()
+	if (gauge == 1) != ok || (broken == 0) != ok || counted != errors || (check == nil) != ok || (!ok && !strings.Contains(check.Error(), what+": ")) {
+		r.t.Fatalf("%s: last_reload_successful %v, trust_source_broken %v, %v errors counted, readiness check %v; want ok=%v and %v errors", what, gauge, broken, counted, check, ok, errors)
+	}
+	if err := r.s.ConfigErrors(); err != nil {
+		r.t.Fatalf("%s: config-files detail %v: a trust file is never served from its last good version", what, err)
 	}
 }
 
@@ -92,22 +98,22 @@ func (r *reloader) apply(path, what string, revs []revision) {
 }
 
 // TestTokensRevoked: removing a token from the file or emptying the file
-// revokes on reload; a file that fails to parse keeps the last good tokens
-// and says so.
+// revokes on reload; a file that fails to parse refuses every token (fail
+// closed) and says so.
 func TestTokensRevoked(t *testing.T) {
 	s, dir := testServer(t, "", nil)
 	newReloader(t, s).apply(filepath.Join(dir, "tokens.csv"), "token file", []revision{
 		{content: tokAdmin + ",admin,1,\"system:masters\"\n" + tokOps + ",olga,4,ops\n", loaded: true,
 			want: []answer{{tokAlice, "/api", 401}, {tokOps, "/api", 200}}},
-		{content: "\"unterminated,olga\n", errors: 1, want: []answer{{tokOps, "/api", 200}}},
-		{content: "record-without-a-user\n", errors: 2, want: []answer{{tokOps, "/api", 200}}},
+		{content: "\"unterminated,olga\n", errors: 1, want: []answer{{tokOps, "/api", 401}, {tokAdmin, "/api", 401}}},
+		{content: "record-without-a-user\n", errors: 2, want: []answer{{tokOps, "/api", 401}}},
 		{content: "", loaded: true, errors: 2, want: []answer{{tokAdmin, "/api", 401}, {tokOps, "/api", 401}}},
 	})
 }
 
 // TestRBACRevoked: removing a binding, or emptying the manifests, takes
-// effect on reload; a manifest that fails to parse keeps the last good
-// policy and says so.
+// effect on reload; a manifest that fails to parse grants nothing (only
+// system:masters is allowed) and says so.
 func TestRBACRevoked(t *testing.T) {
 	s, dir := testServer(t, "", nil)
 	r := newReloader(t, s)
@@ -121,14 +127,14 @@ func TestRBACRevoked(t *testing.T) {
 	r.apply(filepath.Join(dir, "rbac", "policy.yaml"), "rbac", []revision{
 		{content: strings.Join(withoutAlice, "---\n"), loaded: true,
 			want: []answer{{tokAlice, "/api/v1/namespaces/ns1/pods", 403}, {tokReader, "/api/v1/pods", 200}}},
-		{content: "kind: [\n", errors: 1, want: []answer{{tokReader, "/api/v1/pods", 200}}},
+		{content: "kind: [\n", errors: 1, want: []answer{{tokReader, "/api/v1/pods", 403}, {tokAdmin, "/api/v1/pods", 200}}},
 		{content: "", loaded: true, errors: 1, want: []answer{{tokReader, "/api/v1/pods", 403}, {tokAdmin, "/api/v1/pods", 200}}},
 	})
 }
 
 // TestClientCARevoked: removing a CA from the bundle, or emptying it,
-// refuses its certificates on reload; a bundle that fails to parse keeps
-// the last good one and says so.
+// refuses its certificates on reload; a bundle that fails to parse refuses
+// every certificate and says so.
 func TestClientCARevoked(t *testing.T) {
 	dir := t.TempDir()
 	one, two := newTestCA(t, "one"), newTestCA(t, "two")
@@ -153,8 +159,8 @@ func TestClientCARevoked(t *testing.T) {
 	r.expectLoaded("client CA", true, 0)
 
 	r.write(bundle, "not PEM at all\n")
-	if !accepted(certOne) {
-		t.Fatal("a bundle that does not parse dropped the CA")
+	if accepted(certOne) {
+		t.Fatal("a bundle that does not parse: the certificate is still accepted")
 	}
 	r.expectLoaded("client CA", false, 1)
 

@@ -46,7 +46,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -133,8 +132,9 @@ type Server struct {
 	log     *slog.Logger
 	reg     *kube.Registry
 	authn   *authenticator
-	cluster *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
-	rbac    *service.Reloadable[policy] // nil: no manifests, only system:masters
+	cluster *cluster             // nil: standalone; else in front of kube-apiserver (delegated.go)
+	rbac    *trustSource[policy] // nil: no manifests, only system:masters
+	trust   *trustSources        // the trust files, failing closed (reload.go)
 	cert    *service.Reloadable[tls.Certificate]
 	cache   heraldv1.CacheClient
 	codec   *storage.Codec      // protobuf and metadata encodings
@@ -197,23 +197,8 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if len(a.audiences) == 0 {
 		a.audiences = a.issuers
 	}
-	if cfg.TokenFile != "" {
-		if a.tokens, err = service.NewReloadable("token file", service.StaticFiles(cfg.TokenFile), func() (*tokenFile, error) { return loadTokens(cfg.TokenFile) }); err != nil {
-			return nil, err
-		}
-		watch(a.tokens)
-	}
-	if cfg.ClientCAFile != "" {
-		if a.clientCAs, err = service.NewReloadable("client CA", service.StaticFiles(cfg.ClientCAFile), func() (*x509.CertPool, error) { return loadCertPool(cfg.ClientCAFile) }); err != nil {
-			return nil, err
-		}
-		watch(a.clientCAs)
-	}
-	if keys := service.SplitList(cfg.SAKeyFiles); len(keys) > 0 {
-		if a.saKeys, err = service.NewReloadable("service account keys", service.StaticFiles(keys...), func() (*saKeySet, error) { return loadSAKeys(keys) }); err != nil {
-			return nil, err
-		}
-		watch(a.saKeys)
+	if err := s.loadTrust(cfg, a, promReg); err != nil { // reload.go: fail closed
+		return nil, err
 	}
 	s.authn = a
 	s.deprecations = newDeprecations(standaloneVersion)
@@ -222,19 +207,6 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 			return nil, err
 		}
 		s.deprecations = newDeprecations(s.cluster.version)
-	}
-	if cfg.AuthorizationDir != "" {
-		files := manifestFiles(cfg.AuthorizationDir)
-		if s.rbac, err = service.NewReloadable("rbac", files, func() (*policy, error) {
-			paths, err := files()
-			if err != nil {
-				return nil, err
-			}
-			return loadPolicy(paths)
-		}); err != nil {
-			return nil, err
-		}
-		watch(s.rbac)
 	}
 	if s.fanout, err = newFanoutPool(cfg, log, m); err != nil {
 		return nil, err

@@ -25,9 +25,13 @@ import (
 // reached once (LIST and GET need them; watches go to fanout replicas,
 // which report their own readiness). A shard lost later keeps the replica
 // ready: every replica would lose it alike, and LISTs of other shards still
-// work. A changed file that fails to load is a "config-files" warning on
-// /readyz, not a failure: the last good file is served, and every replica
-// reading the same broken file would otherwise leave the API at once.
+// work. A changed serving certificate that fails to load is a
+// "config-files" warning on /readyz, not a failure: the last good one is
+// served, and every replica reading the same broken file would otherwise
+// leave the API at once. A trust file (tokens, client CA, service-account
+// keys, RBAC) that is deleted or fails to load fails "trust-files": its
+// trust is removed (reload.go), so the replica refuses credentials it
+// would have accepted, and says so until the file loads again.
 func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	creds, err := cfg.CacheTLS.GRPCCredentials(p.Log, nil)
 	if err != nil {
@@ -59,6 +63,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	}
 	p.Admin.AddReadyCheck("cache-connection", conns.Connected)
 	p.Admin.AddReadyDetail("config-files", handler.ConfigErrors)
+	p.Admin.AddReadyCheck("trust-files", handler.TrustErrors)
 	srv := &service.HTTPServer{Server: handler.HTTPServer(), Addr: cfg.Addr, TLS: true, Grace: cfg.ShutdownGracePeriod}
 	if p.Telemetry.Enabled {
 		// One span per request (LIST, GET, WATCH), whose context the cache
