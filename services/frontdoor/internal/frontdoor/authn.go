@@ -283,6 +283,7 @@ func (a *authenticator) serviceAccount(raw string) (*User, error) {
 		if claims.LegacyNamespace != ns || claims.LegacyName != name {
 			return nil, errors.New("service account token: legacy claims disagree with the subject")
 		}
+		b = &binding{namespace: ns, secret: secretClaims(raw, ns)}
 	}
 	info := sa.UserInfo()
 	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "serviceaccount", bound: b}, nil

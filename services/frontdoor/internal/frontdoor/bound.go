@@ -66,10 +66,7 @@ func (s *Server) checkBound(r *http.Request, u *User) error {
 	b := u.bound
 	if b == nil && u.Method == "tokenreview" {
 		token, _ := bearerToken(r.Header.Get("Authorization"))
-		var err error
-		if b, err = reviewedBinding(u, token); err != nil {
-			return err
-		}
+		b = reviewedBinding(u, token)
 	}
 	if b == nil {
 		return nil
@@ -79,10 +76,10 @@ func (s *Server) checkBound(r *http.Request, u *User) error {
 
 // reviewedBinding is the binding of a token the cluster reviewed: from the
 // user's extra (pod, else node) and the token's claims (secret).
-func reviewedBinding(u *User, token string) (*binding, error) {
+func reviewedBinding(u *User, token string) *binding {
 	ns, _, err := serviceaccount.SplitUsername(u.Name)
 	if err != nil {
-		return nil, nil // not a service account
+		return nil // not a service account
 	}
 	b := &binding{namespace: ns}
 	pod, podUID := one(u.Extra[serviceaccount.PodNameKey]), one(u.Extra[serviceaccount.PodUIDKey])
@@ -94,7 +91,7 @@ func reviewedBinding(u *User, token string) (*binding, error) {
 		b.node = &objectRef{name: node, uid: nodeUID}
 	}
 	b.secret = secretClaims(token, ns)
-	return b, nil
+	return b
 }
 
 // checkBinding reports errBoundObjectGone unless the cache holds every

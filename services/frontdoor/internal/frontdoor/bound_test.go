@@ -160,7 +160,10 @@ func TestStandaloneBoundToken(t *testing.T) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	pub, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
 	keyFile := writeFile(t, filepath.Join(t.TempDir(), "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
-	s, _ := testServer(t, "", func(c *Config) { c.SAKeyFiles = keyFile })
+	s, _ := testServer(t, "", func(c *Config) {
+		c.SAKeyFiles = keyFile
+		c.SAIssuers = testIssuer + ",kubernetes/serviceaccount"
+	})
 	pc := &podCache{pods: map[string]string{"ns1/p": "uid-p", "/n1": "uid-n1", "ns1/s": "uid-s"}, rvs: map[string][]string{}}
 	s.cache = pc
 	bound := func(k8s map[string]any) string {
@@ -206,6 +209,21 @@ func TestStandaloneBoundToken(t *testing.T) {
 		}
 		if code, body, _ := do(s, tok, "/api/v1/namespaces/ns1/configmaps"); tc.code == 401 && code != 401 {
 			t.Errorf("%s: served %d %s, want 401", tc.name, code, body)
+		}
+	}
+	// A legacy token (one that carries an expiry) names its Secret by name
+	// only: any uid, but the Secret must be there.
+	for secret, ok := range map[string]bool{"s": true, "gone": false} {
+		tok := saToken(t, jwt.SigningMethodES256, key, func(c jwt.MapClaims) {
+			exp := c["exp"]
+			legacyClaims(c)
+			c["exp"] = exp
+			c["kubernetes.io/serviceaccount/secret.name"] = secret
+		})
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if _, err := s.authenticate(req); (err == nil) != ok {
+			t.Errorf("legacy token of secret %q: %v, want accepted %v", secret, err, ok)
 		}
 	}
 }
