@@ -50,6 +50,7 @@ type Config struct {
 	RequestTimeout        time.Duration
 	WriteTimeout          time.Duration
 	MaxHeaderBytes        int
+	MaxSelectorBytes      int
 	MaxBodyBytes          int64
 	ReadHeaderTime        time.Duration
 	IdleTimeout           time.Duration
@@ -103,6 +104,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 60*time.Second, "Timeout of non-watch requests.")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", 60*time.Second, "Time a non-watch response (LIST, GET, discovery, an error) has to reach the client from its first byte; a client that stops reading is cut then, freeing its request slot and the response's memory. Watches are exempt: fanout cuts slow watchers.")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 1<<20, "Largest request header block (431 beyond).")
+	fs.IntVar(&c.MaxSelectorBytes, "max-selector-bytes", 64<<10, "Largest fieldSelector and labelSelector of a list or watch together (400 beyond, before the request is authorized: an authorizer's review carries them). kube-apiserver bounds them only by its 1 MiB of request headers.")
 	fs.Int64Var(&c.MaxBodyBytes, "max-request-body-bytes", 3<<20, "Largest request body (413 beyond, before anything is forwarded upstream): kube-apiserver's limit.")
 	fs.DurationVar(&c.ReadHeaderTime, "read-header-timeout", 10*time.Second, "Time a client has to complete the TLS handshake and send its request headers (slowloris).")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "How long an idle keep-alive connection is kept.")
@@ -154,6 +156,7 @@ func (c *Config) Validate() error {
 		"max-requests-inflight": c.MaxInflight, "max-requests-inflight-per-user": c.MaxInflightPerUser,
 		"max-watches":      c.MaxWatches,
 		"max-header-bytes": c.MaxHeaderBytes, "http2-max-streams-per-connection": c.HTTP2MaxStreams,
+		"max-selector-bytes": c.MaxSelectorBytes,
 	} {
 		if n <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))

@@ -14,8 +14,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -28,7 +26,6 @@ import (
 	"k8s.io/apiserver/pkg/authentication/token/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
 	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -47,10 +44,12 @@ import (
 //     TokenReview, cached by the token's hash (a positive and a negative
 //     TTL); client certificates are verified against client-ca-file, which
 //     in cluster mode is the cluster's client CA;
-//   - every read frontdoor serves is authorized with SubjectAccessReview
-//     (cached per user, verb, resource, namespace, name and selectors), so
-//     RBAC, the Node authorizer and webhooks decide exactly as in the
-//     cluster; local RBAC manifests are not consulted;
+//   - every read frontdoor serves is authorized with SubjectAccessReview,
+//     of the attributes kube-apiserver's own request info gives
+//     (attributes.go), so RBAC, the Node authorizer and webhooks decide
+//     exactly as in the cluster; decisions are cached by a hash of the
+//     review within a byte budget (authzcache.go); local RBAC manifests
+//     are not consulted;
 //   - Impersonate-* headers (kubectl --as) are authorized as kube-apiserver
 //     v1.36+ does, with its own constrained impersonation filter (KEP-5284:
 //     the impersonate:<mode> verb on the wanted user and impersonate-on:
@@ -112,15 +111,7 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
 	}
-	az, err := authorizerfactory.DelegatingAuthorizerConfig{
-		SubjectAccessReviewClient: authzClient,
-		AllowCacheTTL:             c.AuthzAllowCacheTTL,
-		DenyCacheTTL:              c.AuthzDenyCacheTTL,
-		WebhookRetryBackoff:       &reviewBackoff,
-	}.New()
-	if err != nil {
-		return nil, fmt.Errorf("SubjectAccessReview authorizer: %w", err)
-	}
+	az := newReviewAuthorizer(authzClient, c, reviewBackoff)
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	// The version the cluster's deprecation warnings are judged by; if it
@@ -238,39 +229,15 @@ func (u *User) info() user.Info {
 }
 
 // authorize asks the cluster (cached SubjectAccessReview) whether a is
-// allowed; q carries the request's selectors, which the Node authorizer
-// and others may condition on (a kubelet may list only its node's pods).
-func (c *cluster) authorize(ctx context.Context, a attributes, q url.Values) (bool, string) {
-	rec := &authorizer.AttributesRecord{
-		User: a.user.info(), Verb: a.verb, ResourceRequest: a.resourceRequest,
-		APIGroup: a.group, Resource: a.resource, Namespace: a.namespace, Name: a.name, Path: a.path,
-	}
-	if a.resourceRequest {
-		rec.APIVersion = "*"
-	}
-	// Selectors, as kube-apiserver's request info carries them: of a list
-	// or a watch only (a GET's are not its options).
-	if a.resourceRequest && (a.verb == "list" || a.verb == "watch") {
-		if s := q.Get("fieldSelector"); s != "" {
-			if sel, err := fields.ParseSelector(s); err == nil {
-				rec.FieldSelectorRequirements = sel.Requirements()
-			} else {
-				rec.FieldSelectorParsingErr = err
-			}
-		}
-		if s := q.Get("labelSelector"); s != "" {
-			if sel, err := labels.Parse(s); err == nil {
-				rec.LabelSelectorRequirements, _ = sel.Requirements()
-			} else {
-				rec.LabelSelectorParsingErr = err
-			}
-		}
-	}
-	d, reason, err := c.authz.Authorize(ctx, rec)
+// allowed. a is what kube-apiserver's authorization filter would hand its
+// authorizers (requestAttributes): the Node authorizer and others see the
+// name a field selector narrows a list or watch to, and its selectors.
+func (c *cluster) authorize(ctx context.Context, a attributes) (bool, string) {
+	d, reason, err := c.authz.Authorize(ctx, &a.AttributesRecord)
 	if err != nil {
-		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.verb, "resource", a.resource, "err", err)
+		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "err", err)
 	} else if d != authorizer.DecisionAllow && reason != "" {
-		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.verb, "resource", a.resource, "reason", reason)
+		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "reason", reason)
 	}
 	if d == authorizer.DecisionAllow {
 		return true, ""

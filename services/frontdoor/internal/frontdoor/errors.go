@@ -24,12 +24,12 @@ func errUnauthorized() error { return apierrors.NewUnauthorized("Unauthorized") 
 // errForbidden is the 403 of a denied request, worded as kube-apiserver's:
 // the authorizer's reason, when it gave one, follows the denial.
 func errForbidden(a attributes, why string) error {
-	gr := schema.GroupResource{Group: a.group, Resource: a.resource}
+	gr := schema.GroupResource{Group: a.APIGroup, Resource: a.Resource}
 	msg := forbiddenReason(a)
 	if why != "" {
 		msg += ": " + why
 	}
-	return apierrors.NewForbidden(gr, a.name, errors.New(msg))
+	return apierrors.NewForbidden(gr, a.Name, errors.New(msg))
 }
 
 // errTooMany is a 429 with Retry-After.

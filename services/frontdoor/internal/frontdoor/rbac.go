@@ -28,9 +28,13 @@ import (
 //     requests inside its namespace. A cluster-wide request (all namespaces)
 //     is therefore allowed only by cluster-scoped grants, so a user bound in
 //     some namespaces gets 403 there, as in Kubernetes;
-//   - resourceNames restrict get (and watch of one object) to those names;
-//     a list or watch of a collection never matches a rule with
-//     resourceNames;
+//   - resourceNames restrict the request to objects of those names: a get,
+//     or a list or watch of one object (its /watch/ path, or
+//     fieldSelector=metadata.name=X); a list or watch of a collection
+//     never matches a rule with resourceNames;
+//   - a RoleBinding in namespace X also grants on Namespace X itself (its
+//     request info's namespace is X, attributes.go);
+//   - subresources match "resource/subresource" and "*/subresource";
 //   - ClusterRoles with an aggregationRule get the rules of the ClusterRoles
 //     their selectors match.
 //
@@ -40,20 +44,6 @@ type policy struct {
 	roles           map[string][]rbacv1.PolicyRule // "namespace/name"
 	clusterBindings []rbacv1.ClusterRoleBinding
 	bindings        map[string][]rbacv1.RoleBinding // by namespace
-}
-
-// attributes describe one request to authorize.
-type attributes struct {
-	user *User
-	verb string // get, list, watch
-	// Resource requests.
-	resourceRequest bool
-	group           string
-	resource        string
-	namespace       string // "" = cluster scope (all namespaces or a cluster-scoped resource)
-	name            string
-	// Non-resource requests (/metrics, /debug/pprof/...).
-	path string
 }
 
 // authorize reports whether a is allowed.
@@ -67,11 +57,11 @@ func (p *policy) authorize(a attributes) bool {
 			return true
 		}
 	}
-	if a.namespace == "" || !a.resourceRequest {
+	if a.Namespace == "" || !a.ResourceRequest {
 		return false
 	}
-	for i := range p.bindings[a.namespace] {
-		b := &p.bindings[a.namespace][i]
+	for i := range p.bindings[a.Namespace] {
+		b := &p.bindings[a.Namespace][i]
 		if !appliesTo(a.user, b.Subjects, b.Namespace) {
 			continue
 		}
@@ -124,22 +114,40 @@ func rulesAllow(rules []rbacv1.PolicyRule, a attributes) bool {
 	return false
 }
 
+// ruleAllows matches a rule as kube-apiserver's RBAC authorizer does
+// (its RuleAllows: verbs, API groups, resources with subresources,
+// resourceNames; non-resource URLs with a trailing "*").
 func ruleAllows(r *rbacv1.PolicyRule, a attributes) bool {
-	if !hasOrStar(r.Verbs, a.verb) {
+	if !hasOrStar(r.Verbs, a.Verb) {
 		return false
 	}
-	if !a.resourceRequest {
+	if !a.ResourceRequest {
 		for _, u := range r.NonResourceURLs {
-			if u == "*" || u == a.path || (strings.HasSuffix(u, "*") && strings.HasPrefix(a.path, strings.TrimSuffix(u, "*"))) {
+			if u == "*" || u == a.Path || (strings.HasSuffix(u, "*") && strings.HasPrefix(a.Path, strings.TrimSuffix(u, "*"))) {
 				return true
 			}
 		}
 		return false
 	}
-	if !hasOrStar(r.APIGroups, a.group) || !hasOrStar(r.Resources, a.resource) {
+	if !hasOrStar(r.APIGroups, a.APIGroup) || !resourceMatches(r.Resources, a.Resource, a.Subresource) {
 		return false
 	}
-	return len(r.ResourceNames) == 0 || (a.name != "" && slices.Contains(r.ResourceNames, a.name))
+	return len(r.ResourceNames) == 0 || (a.Name != "" && slices.Contains(r.ResourceNames, a.Name))
+}
+
+// resourceMatches: "*", the resource (with its subresource, if any, as
+// "resource/subresource"), or "*/subresource".
+func resourceMatches(rules []string, resource, subresource string) bool {
+	combined := resource
+	if subresource != "" {
+		combined += "/" + subresource
+	}
+	for _, r := range rules {
+		if r == "*" || r == combined || (subresource != "" && r == "*/"+subresource) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasOrStar(list []string, v string) bool {
@@ -271,16 +279,21 @@ func (p *policy) add(raw json.RawMessage, aggregated *[]rbacv1.ClusterRole, labe
 	return nil
 }
 
-// forbiddenReason words a denial as kube-apiserver's RBAC authorizer does.
+// forbiddenReason words a denial as kube-apiserver's (responsewriters'
+// forbiddenMessage).
 func forbiddenReason(a attributes) string {
-	if !a.resourceRequest {
-		return fmt.Sprintf("User %q cannot %s path %q", a.user.Name, a.verb, a.path)
+	if !a.ResourceRequest {
+		return fmt.Sprintf("User %q cannot %s path %q", a.user.Name, a.Verb, a.Path)
+	}
+	resource := a.Resource
+	if a.Subresource != "" {
+		resource += "/" + a.Subresource
 	}
 	scope := "at the cluster scope"
-	if a.namespace != "" {
-		scope = fmt.Sprintf("in the namespace %q", a.namespace)
+	if a.Namespace != "" {
+		scope = fmt.Sprintf("in the namespace %q", a.Namespace)
 	}
-	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.user.Name, a.verb, a.resource, a.group, scope)
+	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.user.Name, a.Verb, resource, a.APIGroup, scope)
 }
 
 // emptyPolicy grants nothing (system:masters is still allowed everything):

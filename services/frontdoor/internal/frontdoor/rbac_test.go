@@ -3,6 +3,8 @@ package frontdoor
 import (
 	"path/filepath"
 	"testing"
+
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 )
 
 func TestPolicy(t *testing.T) {
@@ -48,7 +50,7 @@ subjects: [{kind: Group, name: viewers}]
 	viewer := &User{Name: "v", Groups: []string{"viewers"}}
 	master := &User{Name: "m", Groups: []string{"system:masters"}}
 	res := func(u *User, verb, group, resource, ns, name string) attributes {
-		return attributes{user: u, verb: verb, resourceRequest: true, group: group, resource: resource, namespace: ns, name: name}
+		return attributes{user: u, AttributesRecord: authorizer.AttributesRecord{Verb: verb, ResourceRequest: true, APIGroup: group, Resource: resource, Namespace: ns, Name: name}}
 	}
 	for _, tc := range []struct {
 		a    attributes
@@ -58,6 +60,8 @@ subjects: [{kind: Group, name: viewers}]
 		{res(sa, "watch", "", "configmaps", "ns1", "settings"), true},
 		{res(sa, "get", "", "configmaps", "ns1", "other"), false},
 		{res(sa, "list", "", "configmaps", "ns1", ""), false}, // resourceNames never allow a collection
+		// A subresource is not its resource.
+		{attributes{user: viewer, AttributesRecord: authorizer.AttributesRecord{Verb: "list", ResourceRequest: true, APIGroup: "apps", Resource: "deployments", Subresource: "status"}}, false},
 		{res(sa, "get", "", "configmaps", "ns2", "settings"), false},
 		{res(sa, "get", "", "configmaps", "", "settings"), false},
 		{res(&User{Name: "system:serviceaccount:ns2:builder"}, "get", "", "configmaps", "ns1", "settings"), false},
@@ -66,8 +70,8 @@ subjects: [{kind: Group, name: viewers}]
 		{res(viewer, "watch", "apps", "deployments", "", ""), false},
 		{res(viewer, "list", "", "deployments", "", ""), false}, // wrong group
 		{res(master, "watch", "", "secrets", "", ""), true},
-		{attributes{user: viewer, verb: "get", path: "/metrics"}, false},
-		{attributes{user: master, verb: "get", path: "/debug/pprof/heap"}, true},
+		{attributes{user: viewer, AttributesRecord: authorizer.AttributesRecord{Verb: "get", Path: "/metrics"}}, false},
+		{attributes{user: master, AttributesRecord: authorizer.AttributesRecord{Verb: "get", Path: "/debug/pprof/heap"}}, true},
 	} {
 		if got := p.authorize(tc.a); got != tc.want {
 			t.Errorf("%+v: %v, want %v", tc.a, got, tc.want)
@@ -81,6 +85,28 @@ subjects: [{kind: Group, name: viewers}]
 	} {
 		if _, err := loadPolicy([]string{writeFile(t, filepath.Join(dir, "bad.yaml"), []byte(bad))}); err == nil {
 			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+// TestResourceMatches: rules name a subresource as kube-apiserver's RBAC
+// does ("resource/subresource", "*/subresource", "*").
+func TestResourceMatches(t *testing.T) {
+	for _, tc := range []struct {
+		rules         []string
+		resource, sub string
+		want          bool
+	}{
+		{[]string{"pods"}, "pods", "", true},
+		{[]string{"pods"}, "pods", "log", false},
+		{[]string{"pods/log"}, "pods", "log", true},
+		{[]string{"pods/log"}, "pods", "", false},
+		{[]string{"*/scale"}, "deployments", "scale", true},
+		{[]string{"*/scale"}, "deployments", "", false},
+		{[]string{"*"}, "deployments", "scale", true},
+	} {
+		if got := resourceMatches(tc.rules, tc.resource, tc.sub); got != tc.want {
+			t.Errorf("%v on %s/%s: %v, want %v", tc.rules, tc.resource, tc.sub, got, tc.want)
 		}
 	}
 }

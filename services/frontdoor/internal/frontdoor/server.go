@@ -13,8 +13,10 @@
 //  4. only GET and HEAD (405);
 //  5. discovery and /version for every authenticated user; /metrics and
 //     /debug/pprof only when RBAC allows the path (nonResourceURLs);
-//  6. the resource path against the registry (404/400), then RBAC for the
-//     verb, resource and namespace (rbac.go): 403;
+//  6. the resource path against the registry (404/400), a list's or
+//     watch's selectors (400: unparsable or past max-selector-bytes), then
+//     RBAC for the attributes kube-apiserver's request info gives
+//     (attributes.go; rbac.go): 403;
 //  7. the limits (limits.go): 429 with Retry-After, per user and overall,
 //     watches and other requests separately;
 //  8. content negotiation (negotiate.go): 406 for what kube-apiserver
@@ -476,7 +478,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if h := s.nonResource(r.URL.Path); h != nil {
-		a := attributes{user: u, verb: "get", path: r.URL.Path}
+		a, err := requestAttributes(r, u)
+		if err != nil {
+			s.writeStatus(rec, r, apierrors.NewInternalError(err))
+			return
+		}
 		if ok, why := s.allowed(r, a); !ok {
 			ae.reason = forbiddenReason(a)
 			s.writeStatus(rec, r, errForbidden(a, why))
@@ -508,8 +514,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
-	a := attributes{user: u, verb: string(info.Verb), resourceRequest: true, group: info.Resource.Group,
-		resource: info.Resource.Plural, namespace: info.Namespace, name: info.Name}
+	// Selectors are checked (parsed, bounded) before a review carries them.
+	if err := checkSelectors(info, q, s.cfg.MaxSelectorBytes); err != nil {
+		s.writeStatus(rec, r, err)
+		return
+	}
+	a, err := servedAttributes(r, u, info)
+	if err != nil {
+		s.writeStatus(rec, r, err)
+		return
+	}
 	if ok, why := s.allowed(r, a); !ok {
 		ae.reason = forbiddenReason(a)
 		s.writeStatus(rec, r, errForbidden(a, why))
@@ -622,7 +636,7 @@ func (s *Server) nonResource(path string) http.Handler {
 // cluster's, in cluster mode), which kube-apiserver appends to its 403.
 func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
 	if s.cluster != nil {
-		return s.cluster.authorize(r.Context(), a, r.URL.Query())
+		return s.cluster.authorize(r.Context(), a)
 	}
 	if s.rbac == nil {
 		return a.user.inGroup(groupMasters), ""

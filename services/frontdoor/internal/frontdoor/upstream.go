@@ -62,7 +62,11 @@ type UpstreamConfig struct {
 	AuthnNegativeCacheTTL time.Duration
 	AuthzAllowCacheTTL    time.Duration
 	AuthzDenyCacheTTL     time.Duration
-	ReviewTimeout         time.Duration
+	// AuthzCacheBytes bounds the SubjectAccessReview cache, and
+	// AuthzCacheBytesPerUser each user's share of it (authzcache.go).
+	AuthzCacheBytes        int64
+	AuthzCacheBytesPerUser int64
+	ReviewTimeout          time.Duration
 }
 
 // RegisterFlags registers the upstream flags on fs. The cache TTLs default
@@ -78,6 +82,8 @@ func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.AuthnNegativeCacheTTL, "upstream.authentication-negative-cache-ttl", 10*time.Second, "How long a token the cluster refused is refused without asking again (0: ask every time).")
 	fs.DurationVar(&c.AuthzAllowCacheTTL, "upstream.authorization-allow-cache-ttl", 10*time.Second, "How long an allowed SubjectAccessReview is cached (per user, verb, resource, namespace, name, selectors).")
 	fs.DurationVar(&c.AuthzDenyCacheTTL, "upstream.authorization-deny-cache-ttl", 10*time.Second, "How long a denied SubjectAccessReview is cached.")
+	fs.Int64Var(&c.AuthzCacheBytes, "upstream.authorization-cache-bytes", 16<<20, "Memory of the SubjectAccessReview cache (decisions kept by a hash of the review, about 350 bytes each; least recently used evicted first); 0 caches nothing.")
+	fs.Int64Var(&c.AuthzCacheBytesPerUser, "upstream.authorization-cache-bytes-per-user", 1<<20, "Part of upstream.authorization-cache-bytes one user's decisions may hold (its own least recently used are evicted first): a user asking many different reviews evicts its own, not others'.")
 	fs.DurationVar(&c.ReviewTimeout, "upstream.review-timeout", 10*time.Second, "Timeout of one TokenReview or SubjectAccessReview.")
 }
 
@@ -102,6 +108,9 @@ func (c *UpstreamConfig) Validate() error {
 	}
 	if c.AuthnCacheTTL < 0 || c.AuthnNegativeCacheTTL < 0 || c.AuthzAllowCacheTTL < 0 || c.AuthzDenyCacheTTL < 0 {
 		errs = append(errs, errors.New("upstream cache TTLs must not be negative"))
+	}
+	if c.AuthzCacheBytes < 0 || c.AuthzCacheBytesPerUser < 0 {
+		errs = append(errs, errors.New("upstream.authorization-cache-bytes and upstream.authorization-cache-bytes-per-user must not be negative"))
 	}
 	return errors.Join(errs...)
 }
