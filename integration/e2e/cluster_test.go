@@ -665,6 +665,8 @@ func TestClusterMode(t *testing.T) {
 		}
 	})
 
+	t.Run("kubelet-named-reads", func(t *testing.T) { testKubeletNamedReads(t, ctx, c) })
+
 	// A watch of a resource Herald does not cache streams through from
 	// kube-apiserver as it happens (chunked, flushed per event).
 	t.Run("watch-passthrough", func(t *testing.T) {
