@@ -23,6 +23,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/websocket"
+	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	saJWT "k8s.io/apiserver/pkg/authentication/token/jwt"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -44,8 +45,9 @@ type User struct {
 	Name   string
 	UID    string
 	Groups []string
-	// Extra is what the cluster's TokenReview (or an impersonation) says
-	// besides (cluster mode: forwarded as Impersonate-Extra-*).
+	// Extra is what the cluster's TokenReview (or an impersonation, or a
+	// client certificate's credential-id) says besides (cluster mode:
+	// forwarded as Impersonate-Extra-*).
 	Extra map[string][]string
 	// Method names the authenticator that vouched for the user (audit).
 	Method string
@@ -141,7 +143,8 @@ func finish(u *User) *User {
 }
 
 // x509 verifies a client certificate against the client CA: CN is the
-// user, O the groups. The TLS layer only requests certificates
+// user, O the groups, as kube-apiserver reads them (with its uid and
+// credential-id extra). The TLS layer only requests certificates
 // (tls.RequestClientCert) so that a bad one is a Kubernetes 401 here rather
 // than a failed handshake.
 func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
@@ -153,7 +156,7 @@ func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
 	for _, c := range cs.PeerCertificates[1:] {
 		inter.AddCert(c)
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{
+	chains, err := leaf.Verify(x509.VerifyOptions{
 		Roots:         a.clientCAs.Get(),
 		Intermediates: inter,
 		CurrentTime:   a.now(),
@@ -162,10 +165,20 @@ func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
 	if err != nil {
 		return nil, fmt.Errorf("x509: verifying certificate %q: %w", leaf.Subject.CommonName, err)
 	}
-	if leaf.Subject.CommonName == "" {
+	// The identity kube-apiserver's x509 authenticator gives the same
+	// certificate (its own conversion): the UID from the subject's UID
+	// attribute (AllowParsingUserUIDFromCertAuth, on by default), the
+	// credential-id extra X509SHA256=<fingerprint>. In cluster mode they
+	// are forwarded as such.
+	resp, ok, err := x509request.CommonNameUserConversion.User(chains[0])
+	if err != nil {
+		return nil, fmt.Errorf("x509: certificate %q: %w", leaf.Subject.CommonName, err)
+	}
+	if !ok {
 		return nil, errors.New("x509: certificate has no common name")
 	}
-	return &User{Name: leaf.Subject.CommonName, Groups: slices.Clone(leaf.Subject.Organization), Method: "x509"}, nil
+	info := resp.User
+	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: slices.Clone(info.GetGroups()), Extra: info.GetExtra(), Method: "x509"}, nil
 }
 
 // bearer authenticates an Authorization header: static tokens first (a

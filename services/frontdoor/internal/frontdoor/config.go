@@ -102,7 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.RegistryConfig.RegisterFlags(fs)
 
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 60*time.Second, "Timeout of non-watch requests.")
-	fs.DurationVar(&c.WriteTimeout, "write-timeout", 60*time.Second, "Time a non-watch response (LIST, GET, discovery, an error) has to reach the client from its first byte; a client that stops reading is cut then, freeing its request slot and the response's memory. Watches are exempt: fanout cuts slow watchers.")
+	fs.DurationVar(&c.WriteTimeout, "write-timeout", 60*time.Second, "Time a non-watch response (LIST, GET, discovery, an error) has to reach the client from its first byte; a client that stops reading is cut then, freeing its request slot and the response's memory. Watches are exempt: fanout cuts slow watchers. Long-running forwarded requests (logs, exec, port-forward, watches kube-apiserver answers) are exempt too: each of their writes must complete within it (see upstream.long-running-timeout).")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 1<<20, "Largest request header block (431 beyond).")
 	fs.IntVar(&c.MaxSelectorBytes, "max-selector-bytes", 64<<10, "Largest fieldSelector and labelSelector of a list or watch together (400 beyond, before the request is authorized: an authorizer's review carries them). kube-apiserver bounds them only by its 1 MiB of request headers.")
 	fs.Int64Var(&c.MaxBodyBytes, "max-request-body-bytes", 3<<20, "Largest request body (413 beyond, before anything is forwarded upstream): kube-apiserver's limit.")

@@ -295,7 +295,7 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 	if _, known := s.reg.ByID(id); known {
 		ae.resource = id
 	}
-	s.cluster.up.serve(w, r, as)
+	s.forward(w, r, as)
 	return true
 }
 

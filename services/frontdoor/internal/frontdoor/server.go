@@ -29,7 +29,8 @@
 //
 // Every response but a watch's must reach the client within write-timeout
 // of its first byte (statusRecorder): a client that stops reading cannot
-// hold a request slot, or the body encoded for it, for longer.
+// hold a request slot, or the body encoded for it, for longer. Forwarded
+// long-running requests have their own bounds (longrunning.go).
 //
 // Errors reach clients as Kubernetes Status objects, mapped in one place
 // (errors.go, kube.WriteStatus / kube.FromGRPC).

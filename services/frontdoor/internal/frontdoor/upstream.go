@@ -67,6 +67,9 @@ type UpstreamConfig struct {
 	AuthzCacheBytes        int64
 	AuthzCacheBytesPerUser int64
 	ReviewTimeout          time.Duration
+	// LongRunningTimeout bounds a forwarded long-running request's
+	// lifetime (longrunning.go).
+	LongRunningTimeout time.Duration
 }
 
 // RegisterFlags registers the upstream flags on fs. The cache TTLs default
@@ -77,6 +80,7 @@ func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Servers, "upstream.servers", "", "Comma-separated kube-apiserver URLs used instead of the kubeconfig's server, balanced and health-checked (/readyz); TLS settings and credentials still come from the kubeconfig.")
 	fs.DurationVar(&c.DialTimeout, "upstream.dial-timeout", 3*time.Second, "Timeout to connect to the upstream; beyond it the client gets 503.")
 	fs.DurationVar(&c.ResponseTimeout, "upstream.response-timeout", 70*time.Second, "Time the upstream has to start answering (response headers; watches, logs and exec stream as long as they last); beyond it the client gets 504. Above kube-apiserver's own 60 s request timeout.")
+	fs.DurationVar(&c.LongRunningTimeout, "upstream.long-running-timeout", 24*time.Hour, "Longest a forwarded long-running request (what kube-apiserver counts as one: watch, exec, attach, port-forward, logs, proxy) may last; then its response ends cleanly (a watch client watches again, kubectl logs -f returns) and an upgraded stream (exec, attach, port-forward) is closed. Such requests are exempt from write-timeout from their first byte, but each of their writes must complete within write-timeout (a client that stops reading is cut); an idle stream is not cut here.")
 	fs.DurationVar(&c.HealthInterval, "upstream.health-interval", 5*time.Second, "How often each upstream server's /readyz is checked.")
 	fs.DurationVar(&c.AuthnCacheTTL, "upstream.authentication-cache-ttl", 10*time.Second, "How long a token the cluster accepted (TokenReview) is trusted without asking again.")
 	fs.DurationVar(&c.AuthnNegativeCacheTTL, "upstream.authentication-negative-cache-ttl", 10*time.Second, "How long a token the cluster refused is refused without asking again (0: ask every time).")
@@ -103,8 +107,8 @@ func (c *UpstreamConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("upstream.servers: %q is not an https:// URL", s))
 		}
 	}
-	if c.DialTimeout <= 0 || c.ResponseTimeout <= 0 || c.HealthInterval <= 0 || c.ReviewTimeout <= 0 {
-		errs = append(errs, errors.New("upstream.dial-timeout, upstream.response-timeout, upstream.health-interval and upstream.review-timeout must be positive"))
+	if c.DialTimeout <= 0 || c.ResponseTimeout <= 0 || c.HealthInterval <= 0 || c.ReviewTimeout <= 0 || c.LongRunningTimeout <= 0 {
+		errs = append(errs, errors.New("upstream.dial-timeout, upstream.response-timeout, upstream.health-interval, upstream.review-timeout and upstream.long-running-timeout must be positive"))
 	}
 	if c.AuthnCacheTTL < 0 || c.AuthnNegativeCacheTTL < 0 || c.AuthzAllowCacheTTL < 0 || c.AuthzDenyCacheTTL < 0 {
 		errs = append(errs, errors.New("upstream cache TTLs must not be negative"))
@@ -243,6 +247,9 @@ func (u *upstream) roundTrip(r *http.Request) (*http.Response, error) {
 		cancel()
 		return nil, err
 	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = &endAtLifetime{ReadCloser: resp.Body, ctx: r.Context()}
+	}
 	return resp, nil
 }
 
@@ -275,9 +282,7 @@ func setImpersonation(h http.Header, u *User) {
 		h.Add(authenticationv1.ImpersonateGroupHeader, g)
 	}
 	for k, vs := range u.Extra {
-		// Keys are case-insensitive in headers: kube-apiserver unescapes
-		// the percent-encoded key (RFC 3986 unreserved kept).
-		hk := authenticationv1.ImpersonateUserExtraHeaderPrefix + url.PathEscape(k)
+		hk := extraHeaderName(k) // identity.go
 		for _, v := range vs {
 			h.Add(hk, v)
 		}
@@ -366,6 +371,12 @@ func (u *upstream) pick() *upstreamServer {
 
 // serve forwards r as user.
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
+	if !user.forwardable() {
+		// The transport would refuse the request, which would look like
+		// the upstream's failure (and mark it down for everyone).
+		kube.WriteStatus(w, apierrors.NewInternalError(errIdentityNotForwardable))
+		return
+	}
 	s := u.pick()
 	s.open.Add(1)
 	defer s.open.Add(-1)

@@ -1,0 +1,97 @@
+package frontdoor
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestForwardedStreamLifetime: a forwarded long-running request ends at
+// upstream.long-running-timeout: a stream cleanly (the client reads to
+// io.EOF, as at the upstream's own end), an upgraded connection closed.
+func TestForwardedStreamLifetime(t *testing.T) {
+	const lifetime = time.Second
+	k := newStreamingKube(t, 0, 100*time.Millisecond)
+	s := clusterServer(t, k.srv.URL, k.caPEM(), func(c *Config) {
+		c.WriteTimeout = 300 * time.Millisecond
+		c.Upstream.LongRunningTimeout = lifetime
+	})
+	base := serveTLS(t, s)
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		req, _ := http.NewRequest(http.MethodGet, base+forwardedStreams[1], nil)
+		req.Header.Set("Authorization", "Bearer "+tokAdmin)
+		start := time.Now()
+		resp, err := clientFor(proto).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		took := time.Since(start)
+		if err != nil || took < lifetime || took > lifetime+5*time.Second || !strings.HasPrefix(string(b), "line 1\nline 2\n") {
+			t.Errorf("%s: stream ended after %s (lifetime %s) with %v, %d lines", proto, took, lifetime, err, strings.Count(string(b), "\n"))
+		}
+		select {
+		case <-k.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the upstream request did not end", proto)
+		}
+	}
+
+	// An upgraded connection (fakeKube echoes): open past write-timeout
+	// while in use, closed at the lifetime.
+	c, err := tls.Dial("tcp", strings.TrimPrefix(base, "https://"), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	start := time.Now()
+	fmt.Fprintf(c, "POST /api/v1/namespaces/ns1/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n", tokAdmin)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	for i := 0; time.Since(start) < lifetime/2; i++ {
+		msg := fmt.Sprintf("ping %d\n", i)
+		io.WriteString(c, msg)
+		if line, err := br.ReadString('\n'); err != nil || line != msg {
+			t.Fatalf("echo: %q %v, want %q", line, err, msg)
+		}
+	}
+	if _, err := br.ReadString('\n'); err != io.EOF || time.Since(start) < lifetime || time.Since(start) > lifetime+5*time.Second {
+		t.Errorf("upgraded connection: %v after %s, want io.EOF at the lifetime %s", err, time.Since(start), lifetime)
+	}
+}
+
+// TestLongRunning: kube-apiserver's long-running requests, and only those.
+func TestLongRunning(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/api/v1/namespaces/ns1/pods/p/log":                            true, // follow or not, as kube-apiserver
+		"/api/v1/namespaces/ns1/pods/p/exec?command=sh":                true,
+		"/api/v1/namespaces/ns1/pods/p/attach":                         true,
+		"/api/v1/namespaces/ns1/pods/p/portforward":                    true,
+		"/api/v1/namespaces/ns1/services/s:80/proxy/metrics":           true,
+		"/api/v1/nodes/n1/proxy/stats":                                 true,
+		"/api/v1/watch/namespaces/ns1/secrets":                         true,
+		"/apis/apps/v1/deployments?watch=1":                            true,
+		"/api/v1/namespaces/ns1/pods/p":                                false,
+		"/api/v1/namespaces/ns1/pods/p/status":                         false,
+		"/apis/apps/v1/namespaces/ns1/deployments/d/scale":             false,
+		"/api/v1/secrets?watch=false":                                  false,
+		"/version":                                                     false,
+		"/openapi/v3":                                                  false,
+		"/apis/example.com/v1/namespaces/ns1/widgets?resourceVersion=": false,
+	} {
+		if got := longRunning(httptest.NewRequest(http.MethodGet, path, nil)); got != want {
+			t.Errorf("%s: long-running %v, want %v", path, got, want)
+		}
+	}
+}
