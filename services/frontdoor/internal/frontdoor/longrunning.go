@@ -106,6 +106,7 @@ func (w *streamWriter) WriteHeader(code int) {
 }
 
 func (w *streamWriter) Write(b []byte) (int, error) {
+	w.deadline = time.Time{} // one left by a write not flushed is not this write's
 	w.arm()
 	n, err := w.rec.Write(b)
 	if err != nil {
