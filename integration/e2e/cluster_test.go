@@ -329,7 +329,8 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}]
 // TestClusterMode: Herald as a drop-in front for kube-apiserver.
 func TestClusterMode(t *testing.T) {
 	c := startCluster(t)
-	ctx := testContext(t, 5*time.Minute)
+	longStreams := startLongStreams(t, c) // runs while the other subtests do
+	ctx := testContext(t, 5*time.Minute+longStreamDuration(t))
 	admin := c.heraldCfg["admin"]
 	manifests := filepath.Join(c.dir, "demo.yaml")
 	os.WriteFile(manifests, []byte(demoManifests), 0o600)
@@ -727,6 +728,9 @@ func TestClusterMode(t *testing.T) {
 	t.Run("bound-token", func(t *testing.T) { testBoundToken(t, ctx, c) })
 	t.Run("local-identities-refused", func(t *testing.T) { testLocalIdentitiesRefused(t, ctx, c) })
 	t.Run("make-run-cluster-mode", func(t *testing.T) { testMakeRunClusterMode(t, ctx, c) })
+
+	t.Run("forwarded-identity", func(t *testing.T) { testForwardedIdentity(t, ctx, c) })
+	t.Run("long-streams", longStreams) // its own deadline: past five minutes
 
 	// Bodies over kube-apiserver's limit are refused before forwarding.
 	t.Run("body-limit", func(t *testing.T) {
