@@ -97,14 +97,14 @@ var forwardedStreams = []string{
 // much longer than write-timeout it lasts; nothing is counted as a write
 // timeout.
 func TestForwardedStreamOutlivesWriteTimeout(t *testing.T) {
-	const timeout = 500 * time.Millisecond
+	const timeout = time.Second
 	for _, pace := range []struct {
 		name     string
 		lines    int
 		interval time.Duration
 	}{
-		{"regular", 10, 150 * time.Millisecond}, // 1.35 s
-		{"idle-gaps", 3, 700 * time.Millisecond},
+		{"regular", 10, 300 * time.Millisecond}, // 2.7 s
+		{"idle-gaps", 3, 1400 * time.Millisecond},
 	} {
 		t.Run(pace.name, func(t *testing.T) {
 			t.Parallel()
