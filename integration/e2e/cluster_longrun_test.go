@@ -98,7 +98,7 @@ func startTickingKubelet(t *testing.T, c *clusterEnv) *tickingKubelet {
 }
 
 // startLongStreams registers a kubelet (node kubelet-long, pod ticker in
-// namespace default), then starts `kubectl logs -f` of the pod through
+// namespace longrun), then starts `kubectl logs -f` of the pod through
 // Herald and a watch through Herald of a Secret (not cached here: kube-
 // apiserver answers it) that is updated every longStreamPace. The
 // returned check is TestClusterMode's subtest long-streams.
@@ -118,11 +118,16 @@ func startLongStreams(t *testing.T, c *clusterEnv) func(*testing.T) {
 	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPatch, "/api/v1/nodes/kubelet-long/status",
 		fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":"127.0.0.1"}],"daemonEndpoints":{"kubeletEndpoint":{"Port":%s}}}}`, port))
 	must("node status", http.StatusOK, code, body)
-	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces/default/pods",
+	// No controller creates the namespace's default ServiceAccount here.
+	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces", `{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"longrun"}}`)
+	must("create namespace", http.StatusCreated, code, body)
+	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces/longrun/serviceaccounts", `{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default"}}`)
+	must("create service account", http.StatusCreated, code, body)
+	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces/longrun/pods",
 		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"ticker"},"spec":{"nodeName":"kubelet-long","automountServiceAccountToken":false,
 		"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`)
 	must("create pod", http.StatusCreated, code, body)
-	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces/default/secrets",
+	code, body = c.call(setup, c.kubeURL, c.Token, http.MethodPost, "/api/v1/namespaces/longrun/secrets",
 		`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"ticker"},"stringData":{"tick":"0"}}`)
 	must("create secret", http.StatusCreated, code, body)
 	var created objMeta
@@ -130,7 +135,7 @@ func startLongStreams(t *testing.T, c *clusterEnv) func(*testing.T) {
 	start := time.Now()
 
 	// kubectl logs -f through Herald (kubectl speaks HTTP/2).
-	logs := exec.CommandContext(ctx, c.kubectl, "--kubeconfig", c.heraldCfg["admin"], "-n", "default", "logs", "-f", "ticker")
+	logs := exec.CommandContext(ctx, c.kubectl, "--kubeconfig", c.heraldCfg["admin"], "-n", "longrun", "logs", "-f", "ticker")
 	stdout, err := logs.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +162,7 @@ func startLongStreams(t *testing.T, c *clusterEnv) func(*testing.T) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.PKI.CAPEM)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.FrontdoorURL+
-		"/api/v1/namespaces/default/secrets?watch=true&fieldSelector=metadata.name%3Dticker&resourceVersion="+created.Metadata.ResourceVersion, nil)
+		"/api/v1/namespaces/longrun/secrets?watch=true&fieldSelector=metadata.name%3Dticker&resourceVersion="+created.Metadata.ResourceVersion, nil)
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}).Do(req)
 	if err != nil {
@@ -204,7 +209,7 @@ func startLongStreams(t *testing.T, c *clusterEnv) func(*testing.T) {
 				return
 			}
 			patch := fmt.Sprintf(`{"stringData":{"tick":%q}}`, strconv.FormatInt(i, 10))
-			if code, body := c.call(writerCtx, c.kubeURL, c.Token, http.MethodPatch, "/api/v1/namespaces/default/secrets/ticker", patch); code != http.StatusOK {
+			if code, body := c.call(writerCtx, c.kubeURL, c.Token, http.MethodPatch, "/api/v1/namespaces/longrun/secrets/ticker", patch); code != http.StatusOK {
 				if writerCtx.Err() == nil {
 					t.Errorf("update %d of the Secret: %d %s", i, code, clip(body))
 				}
