@@ -47,7 +47,7 @@ func TestInternalMutualTLS(t *testing.T) {
 	if err := list(credentials.NewTLS(&tls.Config{RootCAs: pool})); err == nil {
 		t.Error("the cache answered a TLS client without a certificate")
 	}
-	clientCert, err := tls.LoadX509KeyPair(e.PKI.ClientCertFile, e.PKI.ClientKeyFile)
+	clientCert, err := tls.LoadX509KeyPair(e.PKI.Component("herald-frontdoor"))
 	if err != nil {
 		t.Fatal(err)
 	}

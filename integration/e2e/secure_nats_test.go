@@ -29,7 +29,8 @@ func TestProdNATSPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := strings.NewReplacer("/etc/nats/tls/tls.crt", pki.InternalCertFile, "/etc/nats/tls/tls.key", pki.InternalKeyFile,
+	natsCrt, natsKey := pki.Component("herald-nats")
+	conf := strings.NewReplacer("/etc/nats/tls/tls.crt", natsCrt, "/etc/nats/tls/tls.key", natsKey,
 		"/etc/nats/tls/ca.crt", pki.CAFile).Replace(string(b))
 	confFile := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
@@ -45,8 +46,10 @@ func TestProdNATSPermissions(t *testing.T) {
 		if err := os.WriteFile(file, []byte(pw+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		// NATS maps each service's certificate to its user (verify_and_map).
+		crt, key := pki.Component("herald-" + svc)
 		flags[svc] = []string{"--nats.user=herald-" + svc, "--nats.password-file=" + file,
-			"--nats.tls.ca-file=" + pki.CAFile, "--nats.tls.cert-file=" + pki.ClientCertFile, "--nats.tls.key-file=" + pki.ClientKeyFile}
+			"--nats.tls.ca-file=" + pki.CAFile, "--nats.tls.cert-file=" + crt, "--nats.tls.key-file=" + key}
 	}
 	e := startStack(t, stack.Options{InternalTLS: true, EtcdTLS: true, NATSConfigFile: confFile, Flags: flags})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

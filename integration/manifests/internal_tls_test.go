@@ -74,8 +74,8 @@ func TestProdInternalsAreSecure(t *testing.T) {
 	byImage := containersByImage(t, r)
 	want := map[string][]string{
 		"ingest":    slices.Concat(clientTLSFlags("etcd"), clientTLSFlags("nats"), []string{"nats.user", "nats.password-file"}),
-		"cache":     slices.Concat(clientTLSFlags("etcd"), clientTLSFlags("nats"), []string{"nats.user", "nats.password-file"}, serverTLSFlags("grpc")),
-		"fanout":    slices.Concat(serverTLSFlags("http"), clientTLSFlags("cache")),
+		"cache":     slices.Concat(clientTLSFlags("etcd"), clientTLSFlags("nats"), []string{"nats.user", "nats.password-file"}, serverTLSFlags("grpc"), []string{"grpc.tls.allowed-client-names"}),
+		"fanout":    slices.Concat(serverTLSFlags("http"), []string{"http.tls.allowed-client-names"}, clientTLSFlags("cache")),
 		"frontdoor": slices.Concat(clientTLSFlags("fanout"), clientTLSFlags("cache")),
 	}
 	// Plaintext schemes each peer flag must not use.
@@ -126,6 +126,7 @@ func TestProdInternalsAreSecure(t *testing.T) {
 	if len(byImage["nats-server"]) != 1 || len(byImage["ingest"]) == 0 || len(byImage["cache"]) == 0 {
 		t.Fatalf("want one NATS workload, ingest and caches; got %d, %d, %d", len(byImage["nats-server"]), len(byImage["ingest"]), len(byImage["cache"]))
 	}
+	checkAllowlists(t, byImage)
 	checkNATS(t, r, byImage)
 }
 
@@ -233,6 +234,27 @@ func checkNATS(t *testing.T, r *rendering, byImage map[string][]container) {
 			t.Errorf("%s: NATS user %s has no publish and subscribe permissions", n.where, u.Username)
 		}
 	}
+	// A client is the user its certificate names: only the containers
+	// running as that user hold a certificate naming it.
+	if !opts.TLSMap {
+		t.Errorf("%s: clients' certificates must be mapped to their users (tls { verify_and_map: true })", n.where)
+	}
+	certs := prodCertificates(t)
+	for _, u := range opts.Users {
+		for image, cs := range byImage {
+			for _, c := range cs {
+				for secret, names := range certificateNames(certs, c) {
+					names := slices.Contains(names, u.Username)
+					switch mine := c.args["nats.user"] == u.Username; {
+					case mine && !names && secret == mustSecret(t, c, "nats.tls.cert-file"):
+						t.Errorf("%s connects to NATS as %s with Secret %s's certificate, which does not name it", c.where, u.Username, secret)
+					case !mine && names:
+						t.Errorf("%s (%s) holds Secret %s's certificate, which names NATS user %s", c.where, image, secret, u.Username)
+					}
+				}
+			}
+		}
+	}
 	if t.Failed() {
 		return
 	}
@@ -263,11 +285,15 @@ func checkNATS(t *testing.T, r *rendering, byImage map[string][]container) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
+	wrongPassword := filepath.Join(t.TempDir(), "wrong-password")
+	if err := os.WriteFile(wrongPassword, []byte("not-the-password\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// Who may connect: each service with its certificate and password;
 	// nobody without a user, a right password or a client certificate.
 	for name, edit := range map[string]func(map[string]string){
 		"no user":               func(a map[string]string) { delete(a, "nats.user"); delete(a, "nats.password-file") },
-		"wrong password":        func(a map[string]string) { a["nats.user"] = ingest.args["nats.user"] }, // the cache's password
+		"wrong password":        func(a map[string]string) { a["nats.password-file"] = wrongPassword },
 		"no client certificate": func(a map[string]string) { delete(a, "nats.tls.cert-file"); delete(a, "nats.tls.key-file") },
 	} {
 		if nc, err := connect(cache, edit); err == nil {
@@ -363,8 +389,56 @@ func checkNATS(t *testing.T, r *rendering, byImage map[string][]container) {
 		return err
 	})
 	refused("ingest deleting the stream", func(ctx context.Context) error { return ijs.DeleteStream(ctx, name) })
+
+	// A certificate names its holder: the caches' certificate with
+	// ingest's password does not make a client ingest (a compromised
+	// cache pod that learnt the password cannot publish), and NATS's own
+	// certificate is no client's, whatever password comes with it.
+	dir := t.TempDir()
+	secretCopy := func(c container, flag string) string {
+		secret, key, err := secretFile(c.pod, c.c, c.args[flag])
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(dir, secret+"-"+key)
+		if err := os.WriteFile(file, []byte(files.password(secret, key)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	ingestPassword := secretCopy(ingest, "nats.password-file")
+	natsCrt, natsKey := files.pair(t, natsTLSSecret(t, n))
+	for _, f := range [][2]string{{"nats.crt", string(natsCrt)}, {"nats.key", string(natsKey)}} {
+		if err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for what, edit := range map[string]func(map[string]string){
+		"the caches' certificate with ingest's user and password": func(a map[string]string) {
+			a["nats.user"], a["nats.password-file"] = ingest.args["nats.user"], ingestPassword
+		},
+		"NATS's certificate with a cache's user and password": func(a map[string]string) {
+			a["nats.tls.cert-file"], a["nats.tls.key-file"] = filepath.Join(dir, "nats.crt"), filepath.Join(dir, "nats.key")
+		},
+	} {
+		nc, err := connect(cache, edit)
+		if err != nil {
+			continue // refused at the connection: right
+		}
+		js, _ := jetstream.New(nc)
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, perr := js.Publish(pctx, stream.SubjectMulti, []byte("forged"))
+		pcancel()
+		nc.Close()
+		if perr == nil {
+			t.Errorf("%s published to the stream", what)
+		} else {
+			t.Errorf("%s was let in (it could not publish: %v)", what, perr)
+		}
+	}
 	cnc.Flush()
 	if info, err := ist.Info(ctx); err != nil || info.State.Msgs != 2 {
+		// ingest's 2 messages: nothing forged above was stored.
 		t.Errorf("the stream holds %+v (%v), want ingest's 2 messages only", info.State, err)
 	}
 }
@@ -377,12 +451,17 @@ func orDefault(v, def string) string {
 }
 
 // testFiles stands in for the Secrets and ConfigMaps a rendering mounts:
-// one test CA, every TLS Secret holding a certificate it issued for
+// one test CA, every TLS Secret holding a certificate it issued with the
+// names the prod Certificate for that Secret gives (certificates.yaml) and
 // 127.0.0.1 (tls.crt, tls.key, ca.crt), every other Secret key a password
 // derived from the Secret and key (two keys never share one).
 type testFiles struct {
-	dir             string
-	caPEM, crt, key []byte
+	dir   string
+	caPEM []byte
+	ca    *x509.Certificate
+	caKey ed25519.PrivateKey
+	certs map[string]prodCertificate // by Secret
+	pairs map[string][2][]byte       // issued, by Secret
 }
 
 func newTestFiles(t *testing.T) *testFiles {
@@ -396,18 +475,33 @@ func newTestFiles(t *testing.T) *testFiles {
 		t.Fatal(err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	pub, key, _ := ed25519.GenerateKey(rand.Reader)
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "herald (test)"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		KeyUsage: x509.KeyUsageDigitalSignature, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}, ca, pub, caKey)
+	return &testFiles{dir: t.TempDir(), ca: ca, caKey: caKey, certs: prodCertificates(t), pairs: map[string][2][]byte{},
+		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
+}
+
+// pair is the certificate and key of a TLS Secret, issued on first use
+// with its Certificate's names.
+func (f *testFiles) pair(t *testing.T, secret string) (crt, key []byte) {
+	t.Helper()
+	if p, ok := f.pairs[secret]; ok {
+		return p[0], p[1]
+	}
+	c, ok := f.certs[secret]
+	if !ok {
+		t.Fatalf("Secret %s is mounted as a certificate, but certificates.yaml issues none for it", secret)
+	}
+	now := time.Now()
+	pub, k, _ := ed25519.GenerateKey(rand.Reader)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(int64(len(f.pairs) + 2)), Subject: pkix.Name{CommonName: c.Spec.CommonName},
+		DNSNames: c.Spec.DNSNames, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}, f.ca, pub, f.caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kb, _ := x509.MarshalPKCS8PrivateKey(key)
-	return &testFiles{dir: t.TempDir(),
-		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		crt:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key:   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})}
+	kb, _ := x509.MarshalPKCS8PrivateKey(k)
+	crt, key = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})
+	f.pairs[secret] = [2][]byte{crt, key}
+	return crt, key
 }
 
 func (f *testFiles) password(secret, key string) string { return "pw-" + secret + "-" + key }
@@ -441,8 +535,9 @@ func (f *testFiles) mount(t *testing.T, r *rendering, c container) func(string) 
 					write(dir, it.Path, []byte(f.password(v.Secret.SecretName, it.Key)+"\n"))
 				}
 			case v.Secret != nil:
-				write(dir, "tls.crt", f.crt)
-				write(dir, "tls.key", f.key)
+				crt, key := f.pair(t, v.Secret.SecretName)
+				write(dir, "tls.crt", crt)
+				write(dir, "tls.key", key)
 				write(dir, "ca.crt", f.caPEM)
 			case v.ConfigMap != nil:
 				cm, ok := r.all("ConfigMap")[v.ConfigMap.Name].(*corev1.ConfigMap)
@@ -489,4 +584,26 @@ func (f *testFiles) connectAs(t *testing.T, r *rendering, c container, args map[
 		opts = append(opts, nats.Secure(tc))
 	}
 	return nats.Connect(addr, opts...)
+}
+
+// natsTLSSecret is the Secret NATS's certificate comes from.
+func natsTLSSecret(t *testing.T, n container) string {
+	t.Helper()
+	for _, v := range n.pod.Volumes {
+		if v.Secret != nil && len(v.Secret.Items) == 0 {
+			return v.Secret.SecretName
+		}
+	}
+	t.Fatalf("%s mounts no certificate", n.where)
+	return ""
+}
+
+// mustSecret is the Secret the file of c's flag comes from.
+func mustSecret(t *testing.T, c container, flag string) string {
+	t.Helper()
+	secret, _, err := secretFile(c.pod, c.c, c.args[flag])
+	if err != nil {
+		t.Fatalf("%s: --%s: %v", c.where, flag, err)
+	}
+	return secret
 }

@@ -25,6 +25,22 @@ type PKI struct {
 	// certificate, and the client certificate frontdoor and fanout present.
 	InternalCertFile, InternalKeyFile string
 	ClientCertFile, ClientKeyFile     string
+	dir                               string
+}
+
+// Components are the names of the certificates EnsurePKI issues one per
+// Herald component, as the prod overlay's certificates name them
+// (deploy/k8s/overlays/prod/certificates.yaml): each is for server and
+// client auth and names the component (DNS name and Common Name),
+// localhost and the loopback addresses. The internal ports' allowlists
+// (--grpc.tls.allowed-client-names, --http.tls.allowed-client-names) and
+// NATS's verify_and_map read that name.
+var Components = []string{"herald-ingest", "herald-cache", "herald-fanout", "herald-frontdoor", "herald-nats", "herald-etcd"}
+
+// Component returns the certificate and key files of a component's
+// certificate (one of Components).
+func (p *PKI) Component(name string) (certFile, keyFile string) {
+	return filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
 }
 
 // EnsurePKI loads the CA and serving certificate from dir, creating them if
@@ -38,9 +54,11 @@ func EnsurePKI(dir string) (*PKI, error) {
 		InternalKeyFile:  filepath.Join(dir, "internal.key"),
 		ClientCertFile:   filepath.Join(dir, "internal-client.crt"),
 		ClientKeyFile:    filepath.Join(dir, "internal-client.key"),
+		dir:              dir,
 	}
+	_, lastKey := p.Component(Components[len(Components)-1])
 	if b, err := os.ReadFile(p.CAFile); err == nil {
-		if _, err := os.Stat(p.ClientKeyFile); err == nil {
+		if _, err := os.Stat(lastKey); err == nil {
 			p.CAPEM = b
 			return p, nil
 		}
@@ -67,7 +85,7 @@ func EnsurePKI(dir string) (*PKI, error) {
 		return nil, err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
+	issue := func(serial int64, cn string, usage []x509.ExtKeyUsage, certFile, keyFile string) error {
 		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return err
@@ -78,7 +96,7 @@ func EnsurePKI(dir string) (*PKI, error) {
 			NotBefore:    now.Add(-time.Hour),
 			NotAfter:     now.Add(5 * 365 * 24 * time.Hour),
 			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+			ExtKeyUsage:  usage,
 			DNSNames:     []string{"localhost", cn},
 			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
 		}
@@ -96,12 +114,18 @@ func EnsurePKI(dir string) (*PKI, error) {
 		)
 	}
 	p.CAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	if err := errors.Join(
+	server, client := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	errs := []error{
 		os.WriteFile(p.CAFile, p.CAPEM, 0o644),
-		issue(2, "frontdoor", x509.ExtKeyUsageServerAuth, p.CertFile, p.KeyFile),
-		issue(3, "herald-internal", x509.ExtKeyUsageServerAuth, p.InternalCertFile, p.InternalKeyFile),
-		issue(4, "herald-internal-client", x509.ExtKeyUsageClientAuth, p.ClientCertFile, p.ClientKeyFile),
-	); err != nil {
+		issue(2, "frontdoor", server, p.CertFile, p.KeyFile),
+		issue(3, "herald-internal", server, p.InternalCertFile, p.InternalKeyFile),
+		issue(4, "herald-internal-client", client, p.ClientCertFile, p.ClientKeyFile),
+	}
+	for i, name := range Components {
+		crt, key := p.Component(name)
+		errs = append(errs, issue(int64(10+i), name, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, crt, key))
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("writing certificates: %w", err)
 	}
 	return p, nil

@@ -213,16 +213,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	var cacheTLS, fanoutServerTLS, frontTLS []string
 	scheme := "http://"
 	if opts.InternalTLS {
+		// Each component presents its own certificate (PKI.Component), and
+		// each port admits only the components that use it.
 		p := s.PKI
-		client := func(prefix string) []string {
-			return []string{"--" + prefix + ".tls.cert-file=" + p.ClientCertFile, "--" + prefix + ".tls.key-file=" + p.ClientKeyFile, "--" + prefix + ".tls.ca-file=" + p.CAFile}
+		client := func(component, prefix string) []string {
+			crt, key := p.Component(component)
+			return []string{"--" + prefix + ".tls.cert-file=" + crt, "--" + prefix + ".tls.key-file=" + key, "--" + prefix + ".tls.ca-file=" + p.CAFile}
 		}
-		server := func(prefix string) []string {
-			return []string{"--" + prefix + ".tls.cert-file=" + p.InternalCertFile, "--" + prefix + ".tls.key-file=" + p.InternalKeyFile, "--" + prefix + ".tls.client-ca-file=" + p.CAFile}
+		server := func(component, prefix string) []string {
+			crt, key := p.Component(component)
+			return []string{"--" + prefix + ".tls.cert-file=" + crt, "--" + prefix + ".tls.key-file=" + key, "--" + prefix + ".tls.client-ca-file=" + p.CAFile}
 		}
-		cacheTLS = server("grpc")
-		fanoutServerTLS = append(server("http"), client("cache")...)
-		frontTLS = append(client("cache"), client("fanout")...)
+		cacheTLS = append(server("herald-cache", "grpc"), "--grpc.tls.allowed-client-names=herald-fanout,herald-frontdoor")
+		fanoutServerTLS = slices.Concat(server("herald-fanout", "http"), []string{"--http.tls.allowed-client-names=herald-frontdoor"}, client("herald-fanout", "cache"))
+		frontTLS = append(client("herald-frontdoor", "cache"), client("herald-frontdoor", "fanout")...)
 		scheme = "https://"
 	}
 	for _, p := range s.procs {

@@ -26,6 +26,10 @@ import (
 // anonymous peers, and the identity headers to be trustworthy.
 type ServerTLS struct {
 	CertFile, KeyFile, ClientCAFile string
+	// AllowedClientNames (comma-separated) are the peers the port admits,
+	// by a name their certificate carries (peers.go); "*": any certificate
+	// of the client CA. Registered by RegisterAllowedClientNamesFlag.
+	AllowedClientNames string
 }
 
 // RegisterFlagsWithPrefix registers prefix.tls.cert-file,
@@ -50,7 +54,7 @@ func (t ServerTLS) Validate(prefix string) error {
 	if t.CertFile != "" && t.ClientCAFile == "" {
 		return fmt.Errorf("%s.tls.client-ca-file is required with %s.tls.cert-file: without it the port would serve anonymous peers", prefix, prefix)
 	}
-	return nil
+	return validatePeerNames(prefix, t.AllowedClientNames)
 }
 
 // Config builds the server's TLS configuration; nil when TLS is off. The

@@ -59,6 +59,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SubscriberBuffer, "subscriber-buffer", 4096, "Revisions buffered per following watch stream before it is cut off as too slow.")
 	fs.StringVar(&c.GRPCAddr, "grpc.addr", "127.0.0.1:7100", "Address of the gRPC server (List, Watch).")
 	c.GRPCTLS.RegisterFlagsWithPrefix("grpc", fs)
+	c.GRPCTLS.RegisterAllowedClientNamesFlag("grpc", "herald-fanout,herald-frontdoor", fs)
 	c.AdminConfig.RegisterFlags(fs, "127.0.0.1:9100", "")
 	fs.IntVar(&c.MaxRecvBytes, "grpc.max-recv-bytes", 1<<20, "Largest gRPC request accepted.")
 	fs.StringVar(&c.EncryptionConfig, "encryption-config", "", "kube-apiserver's EncryptionConfiguration file (apiserver.config.k8s.io/v1, as given to its --encryption-provider-config): decrypts values encrypted at rest (aescbc, aesgcm, secretbox, identity; KMS values are skipped). Empty: nothing is encrypted.")

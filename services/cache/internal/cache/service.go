@@ -44,7 +44,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		return nil, err
 	}
 	p.Admin.AddReadyCheck("shard", shard.Ready)
-	tc, err := cfg.GRPCTLS.Config(p.Log, nil)
+	tc, err := cfg.GRPCTLS.PeerConfig("grpc", p.Log, p.Admin.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("grpc.tls: %w", err)
 	}

@@ -48,6 +48,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.RegistryConfig.RegisterFlags(fs)
 	fs.StringVar(&c.HTTPAddr, "http.addr", "127.0.0.1:7200", "Address of the internal watch HTTP server (reached through frontdoor only).")
 	c.HTTPTLS.RegisterFlagsWithPrefix("http", fs)
+	c.HTTPTLS.RegisterAllowedClientNamesFlag("http", "herald-frontdoor", fs)
 	c.CacheTLS.RegisterFlagsWithPrefix("cache", "the cache", fs)
 	c.AdminConfig.RegisterFlags(fs, "127.0.0.1:9200", "")
 	fs.IntVar(&c.RingSize, "ring-size", 10240, "Recent events kept per resource for watchers that join, resume or fall behind (at 200 writes/s, about 50 s).")

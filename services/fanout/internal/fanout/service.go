@@ -43,7 +43,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache.tls: %w", err)
 	}
-	serverTLS, err := cfg.HTTPTLS.Config(p.Log, nil)
+	serverTLS, err := cfg.HTTPTLS.PeerConfig("http", p.Log, p.Admin.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("http.tls: %w", err)
 	}
