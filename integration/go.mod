@@ -28,7 +28,7 @@ require (
 	github.com/moby/spdystream v0.5.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	herald.dev/libs/rv v0.0.0 // indirect
-	k8s.io/apiserver v0.37.2 // indirect
+	k8s.io/apiserver v0.37.2
 	k8s.io/component-base v0.37.2 // indirect
 	k8s.io/streaming v0.37.2 // indirect
 )

@@ -65,6 +65,8 @@ type Config struct {
 	FanoutDialTimeout     time.Duration
 	FanoutResponseTimeout time.Duration
 	FanoutSharedWindow    int
+
+	Audit AuditConfig
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -100,6 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.FanoutSharedWindow, "fanout.shared-window", 16<<20, "Bytes of recent watch events each session with a fanout replica (up to 500 watches) keeps, here and in the replica, so that an event that several of its watches get crosses once: while those watches are at most this many bytes of events apart. A broadcast past the machine's capacity spreads its watches out; a window they outgrow sends each event again for every one of them, which costs more CPU, and they fall further apart. Memory: up to this much per session, here and in the replica (there on top of its ring-bytes), while its watches use that many bytes of events that went to more than one of them; what no watch used for 30-45 s is forgotten at both ends; 10,000 watches take 20 or more sessions. From 524288 (what a replica that predates the setting keeps) to 268435456.")
 
 	c.RegistryConfig.RegisterFlags(fs)
+	c.Audit.RegisterFlags(fs)
 
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 60*time.Second, "Timeout of non-watch requests.")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", 60*time.Second, "Time a non-watch response (LIST, GET, discovery, an error) has to reach the client from its first byte; a client that stops reading is cut then, freeing its request slot and the response's memory. Watches are exempt: fanout cuts slow watchers. Long-running forwarded requests (logs, exec, port-forward, watches kube-apiserver answers) are exempt too: each of their writes must complete within it (see upstream.long-running-timeout).")
@@ -177,7 +180,7 @@ func (c *Config) Validate() error {
 	if c.ReadHeaderTime <= 0 {
 		errs = append(errs, errors.New("read-header-timeout must be positive (it bounds slow clients)"))
 	}
-	errs = append(errs, c.FanoutTLS.Validate("fanout"), c.CacheTLS.Validate("cache"), c.Upstream.Validate())
+	errs = append(errs, c.FanoutTLS.Validate("fanout"), c.CacheTLS.Validate("cache"), c.Upstream.Validate(), c.Audit.Validate())
 	if c.FanoutTLS.Enabled() {
 		// The transport would send plaintext to an http:// URL: the
 		// certificate unused, the identity headers readable on the wire.

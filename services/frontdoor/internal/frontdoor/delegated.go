@@ -280,7 +280,7 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 	if as != *u {
 		ae.authn += ",as=" + as.Name
 	}
-	*u = as
+	*u, ae.as = as, as
 	if s.servedHere(r) {
 		return false
 	}

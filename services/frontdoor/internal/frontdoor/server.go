@@ -154,6 +154,7 @@ type Server struct {
 	loaded       []reloadable
 	metricsH     http.Handler
 	debugH       http.Handler
+	audit        *auditLog // nil: no audit log (audit.go)
 }
 
 // WithRegistry makes the server serve reg's resources (the registry its
@@ -228,8 +229,14 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
 	}
 	s.debugH = service.PprofHandler()
+	if s.audit, err = newAuditLog(cfg.Audit, log, promReg); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
+
+// CloseAudit writes the audit events queued and closes the audit log.
+func (s *Server) CloseAudit() { s.audit.close() }
 
 // reloadable is a file-backed value of the server (service.Reloadable).
 type reloadable interface {
@@ -313,6 +320,8 @@ type statusRecorder struct {
 	writeTimeout time.Duration
 	deadline     time.Time // zero until the first byte
 	timedOut     bool      // a write failed past the deadline
+	// onStatus runs once, on the response's final status (audit.go).
+	onStatus func(code int)
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
@@ -325,6 +334,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 	}
 	if r.code == 0 {
 		r.code = code
+		if r.onStatus != nil {
+			r.onStatus(code)
+		}
 	}
 	r.armDeadline()
 	r.ResponseWriter.WriteHeader(code)
@@ -333,6 +345,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	if r.code == 0 {
 		r.code = http.StatusOK
+		if r.onStatus != nil {
+			r.onStatus(r.code)
+		}
 	}
 	r.armDeadline()
 	n, err := r.ResponseWriter.Write(b)
@@ -397,6 +412,9 @@ type auditEntry struct {
 	// line names the request's own, upstreamResource, when set.
 	forwarded        bool
 	upstreamResource string
+	// who: the authenticated user; as: the user it impersonates, in
+	// cluster mode (the audit event, audit.go).
+	who, as *User
 }
 
 // ServeHTTP serves one request; the package comment lists the steps.
@@ -407,6 +425,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", cacheControl)
 	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
 	var ae auditEntry
+	au, r := s.audit.begin(r, auditID, start, &ae)
+	rec.onStatus = au.responseStarted
 	end := &requestEnd{}
 	defer end.handlerReturned()
 	path := r.URL.Path // not r: a detached watch's end must not keep the request
@@ -441,6 +461,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			attrs = append(attrs, "reason", ae.reason)
 		}
 		s.log.Info("audit", attrs...)
+		au.complete(code)
 	})
 
 	if r.ContentLength > s.cfg.MaxBodyBytes {
@@ -470,7 +491,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeStatus(rec, r, errUnauthorized())
 		return
 	}
-	ae.user, ae.authn = u.Name, u.Method
+	ae.user, ae.authn, ae.who = u.Name, u.Method, u
 	if s.cluster != nil && s.clusterRoute(rec, r, &u, &ae) {
 		return // forwarded upstream, or impersonation refused
 	}
@@ -572,6 +593,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		end.add(open.Dec)
 		end.detached = func(code int) {
 			rec.code = code
+			au.responseStarted(code)
 			// The recorder outlives the handler (the audit line reads it):
 			// it must not keep net/http's response, and through it the
 			// connection's buffers, alive.
@@ -636,6 +658,7 @@ func (s *Server) nonResource(path string) http.Handler {
 // allowed authorizes a; why is the authorizer's reason for a denial (the
 // cluster's, in cluster mode), which kube-apiserver appends to its 403.
 func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
+	defer func() { auditDecision(r.Context(), ok, why) }()
 	if s.cluster != nil {
 		return s.cluster.authorize(r.Context(), a)
 	}

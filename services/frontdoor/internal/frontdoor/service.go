@@ -93,6 +93,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		if !handler.WaitWatches(cfg.ShutdownGracePeriod + time.Second) {
 			p.Log.Warn("watches still open after the shutdown grace period")
 		}
+		handler.CloseAudit()
 		return errors.Join(err, conns.Close())
 	}
 	return service.NewService("frontdoor", starting, running, stopping), nil
