@@ -16,9 +16,10 @@ import (
 
 // ServerTLS is the server side of mutual TLS on an internal port (the
 // cache's gRPC, fanout's HTTP): only peers holding a certificate from the
-// internal CA (frontdoor, fanout) may connect, which is what lets a service
-// trust the identity headers frontdoor sends. The serving certificate is
-// re-read when its files change.
+// internal CA that names a component allowed on the port (frontdoor,
+// fanout; AllowedClientNames, peers.go) may connect, which is what lets a
+// service trust the identity headers frontdoor sends. The serving
+// certificate is re-read when its files change.
 //
 // Invariant: TLS on means mutual TLS. A serving certificate without a client
 // CA is a configuration error, never a server that encrypts but serves
