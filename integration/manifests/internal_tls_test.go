@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/big"
 	"net"
 	"net/url"
@@ -145,6 +146,12 @@ func checkEtcd(t *testing.T, c container) {
 		if c.args[f] != "true" {
 			t.Errorf("%s: --%s=true is required (anyone could connect without a certificate)", c.where, f)
 		}
+	}
+	// Peers are etcd members only: the certificate of etcd's Secret.
+	if got := c.args["peer-cert-allowed-hostname"]; got != "herald-etcd" {
+		t.Errorf("%s: --peer-cert-allowed-hostname=%q, want herald-etcd (any certificate of the internal CA could join as a member)", c.where, got)
+	} else if names := certificateNames(prodCertificates(t), c); !slices.ContainsFunc(slices.Collect(maps.Values(names)), func(n []string) bool { return slices.Contains(n, got) }) {
+		t.Errorf("%s: its certificate does not name %s: its peers would refuse it", c.where, got)
 	}
 	for _, f := range []string{"listen-client-urls", "advertise-client-urls", "listen-peer-urls", "initial-advertise-peer-urls", "initial-cluster"} {
 		v := c.args[f]
