@@ -65,27 +65,35 @@ type customInfo struct {
 	// warning is the Warning header of every request for the version, if
 	// the CRD deprecates it.
 	warning string
+	// schemas: how stored objects read (crdschema.go).
+	schemas *crdSchemas
 }
 
 // SameObjects reports whether objects of custom resource a read and serve
 // exactly as objects of b: same resource, version, kind, scope, key and
-// selectable fields (discovery and Table columns aside).
+// selectable fields, and the schemas stored objects are read with
+// (discovery and Table columns aside).
 func SameObjects(a, b *Resource) bool {
 	if a.custom == nil || b.custom == nil {
 		return a == b
 	}
 	return a.ID() == b.ID() && a.Version == b.Version && a.Kind == b.Kind && a.Namespaced == b.Namespaced &&
-		a.Key == b.Key && slices.Equal(a.Fields, b.Fields) && a.custom.rewriteVersion == b.custom.rewriteVersion
+		a.Key == b.Key && slices.Equal(a.Fields, b.Fields) && a.custom.rewriteVersion == b.custom.rewriteVersion &&
+		a.custom.schemas.sameAs(b.custom.schemas)
 }
 
 // sameResource reports whether a and b (completed resources) serve the
 // same: equal in everything but their table convertors, which are made
-// from their columns.
+// from their columns, and their schemas, compared by identity.
 func sameResource(a, b *Resource) bool {
 	ac, bc := *a, *b
 	if a.custom != nil && b.custom != nil {
+		if !a.custom.schemas.sameAs(b.custom.schemas) {
+			return false
+		}
 		aci, bci := *a.custom, *b.custom
 		aci.table, bci.table = nil, nil
+		aci.schemas, bci.schemas = nil, nil
 		ac.custom, bc.custom = &aci, &bci
 	}
 	return reflect.DeepEqual(&ac, &bc)
@@ -178,6 +186,10 @@ func CustomResources(crdJSON []byte) (string, []Resource, error) {
 	if !storage.Served {
 		return crd.Name, nil, nil
 	}
+	schemas, err := newCRDSchemas(&crd)
+	if err != nil {
+		return invalid("%v", err)
+	}
 	webhook := spec.Conversion != nil && spec.Conversion.Strategy == apiextensionsv1.WebhookConverter
 	if webhook {
 		for _, v := range crd.Status.StoredVersions {
@@ -197,6 +209,7 @@ func CustomResources(crdJSON []byte) (string, []Resource, error) {
 			storageVersionHash: discovery.StorageVersionHash(spec.Group, storage.Name, names.Kind),
 			columns:            columns, table: table, rewriteVersion: !webhook,
 			warning: deprecationWarning(storage, spec),
+			schemas: schemas,
 		},
 	}
 	return crd.Name, []Resource{r}, nil

@@ -55,8 +55,10 @@ func testCRD(edit func(*apiextensionsv1.CustomResourceDefinition)) []byte {
 	return b
 }
 
+// objectSchema is an object of any fields (kube-apiserver would prune any
+// field a schema does not know, on write and on read).
 func objectSchema() *apiextensionsv1.CustomResourceValidation {
-	return &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object"}}
+	return &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: new(true)}}
 }
 
 func TestCustomResources(t *testing.T) {
@@ -309,7 +311,7 @@ func TestDecodeCustomResourceOtherVersion(t *testing.T) {
 		want    string
 		invalid string
 	}{
-		{"none", nil, `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w","namespace":"shop","resourceVersion":"9"},"spec":{"color":"red"}}`, ""},
+		{"none", nil, `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"generation":1,"name":"w","namespace":"shop","resourceVersion":"9"},"spec":{"color":"red"}}`, ""},
 		{"webhook", func(c *apiextensionsv1.CustomResourceDefinition) {
 			c.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter}
 		}, "", ReasonWrongKind},

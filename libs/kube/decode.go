@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"herald.dev/libs/storage"
 )
 
@@ -137,6 +139,20 @@ func (d *Decoder) decode(ctx context.Context, r *Resource, key, namespace, name 
 		}
 		return fail(ReasonCorrupt, err)
 	}
+	labels := so.Labels
+	if r.custom != nil {
+		// As kube-apiserver reads it: coerced to and defaulted from its
+		// CRD's schemas (crdschema.go). The object is this decode's own
+		// until it is encoded below.
+		u, ok := so.Runtime().(*unstructured.Unstructured)
+		if !ok {
+			return fail(ReasonWrongKind, fmt.Errorf("%s %q at revision %d: not a custom resource's object", r.ID(), key, rev))
+		}
+		if err := r.custom.schemas.fromStorage(u, r.Version, r.custom.rewriteVersion); err != nil {
+			return fail(ReasonCorrupt, fmt.Errorf("%s %q at revision %d: reading it with its CRD's schema: %w", r.ID(), key, rev, err))
+		}
+		labels = u.GetLabels()
+	}
 	if gvk := so.GroupVersionKind(); r.custom != nil && gvk.Version != r.Version {
 		// Stored in another version of the kind: with the None conversion
 		// strategy kube-apiserver only rewrites the apiVersion; with a
@@ -160,7 +176,7 @@ func (d *Decoder) decode(ctx context.Context, r *Resource, key, namespace, name 
 	if !ok || string(js[start:end]) != strconv.FormatInt(rev, 10) {
 		return fail(ReasonEncode, fmt.Errorf("%s %q at revision %d: no metadata.resourceVersion in the encoded object", r.ID(), key, rev))
 	}
-	o := &Object{Namespace: namespace, Name: name, Rev: rev, JSON: js, Labels: so.Labels, rvStart: start, rvEnd: end}
+	o := &Object{Namespace: namespace, Name: name, Rev: rev, JSON: js, Labels: labels, rvStart: start, rvEnd: end}
 	o.Fields = r.fieldSet(namespace, name, so.Fields, js)
 	var pb []byte
 	if withProtobuf && r.custom == nil {

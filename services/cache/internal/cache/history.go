@@ -30,7 +30,11 @@ type historyDecoder struct {
 	byKey map[historyKey]*list.Element
 }
 
+// historyKey: a value is one object per resource that reads it (a custom
+// resource's objects read anew when its CRD's schemas change: a new
+// *kube.Resource, see kube.SameObjects).
 type historyKey struct {
+	res *kube.Resource
 	key string
 	rev int64
 }
@@ -67,7 +71,7 @@ func newHistoryDecoder(dec *kube.Decoder, max int, lookups *prometheus.CounterVe
 // Decode is kube.Decoder's, remembered by key and revision. Values that do
 // not decode are not remembered (they are rare, and skipped).
 func (h *historyDecoder) Decode(ctx context.Context, r *kube.Resource, key, namespace, name string, value []byte, rev int64) (*kube.Object, error) {
-	k := historyKey{key: key, rev: rev}
+	k := historyKey{res: r, key: key, rev: rev}
 	h.mu.Lock()
 	if e, ok := h.byKey[k]; ok {
 		h.order.MoveToFront(e)

@@ -135,6 +135,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 		}
 		atRev = plan.Token.Rev
 	}
+	rs = v.s.current(rs)
 	head := v.s.head.Load()
 	if atRev == 0 {
 		atRev = head
@@ -221,6 +222,7 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	if err := v.waitForWatch(ctx, req, rs.res.ID()); err != nil {
 		return err
 	}
+	rs = v.s.current(rs)
 	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
