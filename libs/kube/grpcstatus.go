@@ -35,7 +35,12 @@ func FromGRPC(err error) error {
 	case codes.NotFound:
 		return mk(http.StatusNotFound, metav1.StatusReasonNotFound, nil)
 	case codes.OutOfRange:
-		return mk(http.StatusGone, metav1.StatusReasonExpired, nil)
+		e := mk(http.StatusGone, metav1.StatusReasonExpired, nil)
+		if info, ok := compactedInfo(err); ok {
+			// The continue token of an inconsistent list (compacted.go).
+			e.(*apierrors.StatusError).ErrStatus.ListMeta.Continue = info.Metadata[continueKey]
+		}
+		return e
 	case codes.DeadlineExceeded:
 		d := &metav1.StatusDetails{RetryAfterSeconds: 1}
 		if msg != context.DeadlineExceeded.Error() {

@@ -103,3 +103,10 @@ func DecodeToken(s, prefix string) (Token, error) {
 	}
 	return Token{Rev: max(w.Rev, 0), Start: prefix + key[1:]}, nil
 }
+
+// Inconsistent returns the token kube-apiserver answers a continued list
+// with when etcd has compacted the token's revision (its etcd storage's
+// GetList on ErrCompacted): the same start key at the latest state
+// (revision -1 on the wire). The pages it continues with are read at a
+// newer revision than the first: objects changed meanwhile may show up.
+func (t Token) Inconsistent() Token { return Token{Start: t.Start} }

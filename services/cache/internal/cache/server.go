@@ -104,6 +104,9 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			return nil, status.Error(codes.InvalidArgument, "continue is not allowed for a single object")
 		}
 	}
+	if err := v.s.expiredByCompaction(plan, prefix); err != nil {
+		return nil, err
+	}
 	var atRev int64
 	switch {
 	case plan.Mode == rv.ListConsistent, plan.Mode == rv.ListContinue && plan.Token.Rev == 0:

@@ -135,6 +135,9 @@ type Shard struct {
 	// gen and floor: the stream's generation the shard rebuilt from, and
 	// the highest revision of a discarded history (generation.go).
 	gen, floor atomic.Int64
+
+	// compacted: etcd's compaction revision (compaction.go).
+	compacted atomic.Int64
 }
 
 // New validates cfg and creates a shard; Start connects and loads it.
@@ -291,6 +294,7 @@ func (s *Shard) Run(ctx context.Context) error {
 	}
 	defer s.nc.Close()
 	go s.pollStreamLag(ctx)
+	go s.followCompaction(ctx)
 	return s.run(ctx)
 }
 

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service/watchmux"
 )
@@ -93,6 +94,13 @@ func (fakeCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.Ca
 	}
 	if req.LabelSelector == "cache=unavailable" {
 		return nil, status.Error(codes.Unavailable, "no cache replica")
+	}
+	if req.LabelSelector == "cache=compacted" {
+		// A continued list whose revision etcd compacted.
+		return nil, kube.CompactedError(compactedToken)
+	}
+	if req.ResourceVersion == "2" && req.ResourceVersionMatch == "Exact" {
+		return nil, kube.CompactedError("")
 	}
 	if req.ResourceVersion == "1" && req.ResourceVersionMatch == "Exact" {
 		// Older than the cache's window.

@@ -738,12 +738,13 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 }
 
 // list serves LIST and GET from the cache. In cluster mode it leaves a list
-// older than the cache's window unanswered (false), for kube-apiserver.
+// older than the cache's window unanswered (false), for kube-apiserver; one
+// at a revision etcd has compacted it answers (kube.CompactedError).
 func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) bool {
 	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)
-		if s.cluster != nil && info.Name == "" && apierrors.IsResourceExpired(apiErr) {
+		if s.cluster != nil && info.Name == "" && apierrors.IsResourceExpired(apiErr) && !kube.Compacted(err) {
 			return false
 		}
 		if info.Name != "" && apierrors.IsNotFound(apiErr) {
