@@ -50,20 +50,27 @@ import (
 const compactRevKey = "compact_rev_key"
 
 // followCompaction keeps s.compacted at etcd's compaction revision as
-// kube-apiserver records it, until ctx ends; a failure is retried after a
-// second, as kube-apiserver's compactor retries its watch.
+// kube-apiserver records it, until ctx ends. A failure is retried after a
+// second, as kube-apiserver's compactor retries its watch, and after up to
+// 30s while it keeps failing (an etcd user that may not read the key).
 func (s *Shard) followCompaction(ctx context.Context) {
+	backoff := time.Second
 	for {
+		start := time.Now()
 		err := s.watchCompaction(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("following etcd's compaction revision failed; retrying", "key", compactRevKey, "err", err)
+		if time.Since(start) > time.Minute {
+			backoff = time.Second // it had worked for a while
+		}
+		s.log.Warn("following etcd's compaction revision failed; retrying", "key", compactRevKey, "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
