@@ -68,8 +68,20 @@ type clusterEnv struct {
 	kubeCfg   map[string]string // user -> kubeconfig straight to kube-apiserver
 }
 
-func startCluster(t *testing.T) *clusterEnv {
+// clusterOptions adjust startCluster: more lines for kube-apiserver's token
+// file (token,user,uid,"groups") and more frontdoor flags.
+type clusterOptions struct {
+	tokens         []string
+	frontdoorFlags []string
+}
+
+func startCluster(t *testing.T, opts ...clusterOptions) *clusterEnv {
 	t.Helper()
+	var o clusterOptions
+	for _, x := range opts {
+		o.tokens = append(o.tokens, x.tokens...)
+		o.frontdoorFlags = append(o.frontdoorFlags, x.frontdoorFlags...)
+	}
 	kubectl := kubectlPath(t)
 	bin := kubeAPIServerBinary(t)
 	// PodTemplates keep a window of three events: list-older-than-window.
@@ -80,7 +92,7 @@ func startCluster(t *testing.T) *clusterEnv {
 
 	tokens := filepath.Join(dir, "tokens.csv")
 	os.WriteFile(tokens, []byte(fmt.Sprintf("%s,herald-admin,herald-admin,\"system:masters\"\n%s,herald,herald-uid\n%s,alice,alice-uid\n%s,system:node:node-1,node-1-uid,\"system:nodes\"\n",
-		e.Token, tokHerald, tokAlice, tokNode1)), 0o600)
+		e.Token, tokHerald, tokAlice, tokNode1)+strings.Join(append(o.tokens, ""), "\n")), 0o600)
 	addr := freePort(t)
 	_, port, _ := net.SplitHostPort(addr)
 	logf, _ := os.Create(filepath.Join(dir, "kube-apiserver.log"))
@@ -156,7 +168,7 @@ func startCluster(t *testing.T) *clusterEnv {
 			args = append(args, a)
 		}
 	}
-	fd.Args = append(args, "--upstream.kubeconfig="+c.kubeCfg["herald"], "--client-ca-file="+e.PKI.CAFile)
+	fd.Args = append(append(args, "--upstream.kubeconfig="+c.kubeCfg["herald"], "--client-ca-file="+e.PKI.CAFile), o.frontdoorFlags...)
 	if err := fd.Restart(false); err != nil {
 		t.Fatal(err)
 	}
