@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -71,6 +72,11 @@ type cluster struct {
 	// allowed what); its handler hands the impersonated user back through
 	// the request's context (impersonatedKey).
 	impersonation http.Handler
+	// Review limits (reviews.go): the tokens the cluster accepted
+	// recently, and the pool of reviews of the others.
+	known         *knownTokens
+	newTokens     *limiter
+	reviewMetrics *reviewMetrics
 }
 
 // impersonatedKey's value in a request's context is where the impersonation
@@ -85,7 +91,7 @@ var requestInfos = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api"
 // shortened: a review that cannot reach the cluster fails within seconds.
 var reviewBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 3}
 
-func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
+func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (*cluster, error) {
 	cfg, err := c.restConfig()
 	if err != nil {
 		return nil, err
@@ -96,11 +102,12 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 	}
 	rc := rest.CopyConfig(cfg)
 	rc.Timeout = c.ReviewTimeout
-	authnClient, err := authenticationclient.NewForConfig(rc)
+	rm := newReviewMetrics(reg)
+	authnClient, err := authenticationclient.NewForConfig(newReviewClient(cfg, c, "tokenreview", tokenReviewKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream TokenReview client: %w", err)
 	}
-	authzClient, err := authorizationclient.NewForConfig(rc)
+	authzClient, err := authorizationclient.NewForConfig(newReviewClient(cfg, c, "subjectaccessreview", sarKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream SubjectAccessReview client: %w", err)
 	}
@@ -129,9 +136,15 @@ func newCluster(c UpstreamConfig, log *slog.Logger) (*cluster, error) {
 			*out, _ = request.UserFrom(r.Context())
 		}
 	})
+	known := newKnownTokens()
+	newTokens := newLimiter(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
+	newTokens.inUseGauge = rm.inflight.WithLabelValues("new-token")
 	return &cluster{
 		log:           log,
-		tokens:        cache.New(tr, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
+		tokens:        cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
+		known:         known,
+		newTokens:     newTokens,
+		reviewMetrics: rm,
 		authz:         az,
 		up:            up,
 		version:       v,
@@ -151,7 +164,10 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 	if !ok {
 		return u, err
 	}
-	resp, ok, rerr := c.tokens.AuthenticateToken(r.Context(), tok)
+	resp, ok, rerr := c.reviewToken(r, tok)
+	if errors.Is(rerr, errReviewThrottled) {
+		return nil, rerr
+	}
 	if rerr != nil && reviewUnavailable(rerr) {
 		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
 	}
@@ -232,7 +248,10 @@ func (u *User) info() user.Info {
 // allowed. a is what kube-apiserver's authorization filter would hand its
 // authorizers (requestAttributes): the Node authorizer and others see the
 // name a field selector narrows a list or watch to, and its selectors.
-func (c *cluster) authorize(ctx context.Context, a attributes) (bool, string) {
+//
+// When the cluster could not be asked, fail is the answer to give instead
+// of a denial (reviewError: 429 or 503).
+func (c *cluster) authorize(ctx context.Context, a attributes) (ok bool, why string, fail error) {
 	d, reason, err := c.authz.Authorize(ctx, &a.AttributesRecord)
 	if err != nil {
 		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "err", err)
@@ -240,9 +259,9 @@ func (c *cluster) authorize(ctx context.Context, a attributes) (bool, string) {
 		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "reason", reason)
 	}
 	if d == authorizer.DecisionAllow {
-		return true, ""
+		return true, "", nil
 	}
-	return false, reason
+	return false, reason, reviewError(err)
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode

@@ -47,6 +47,7 @@ package frontdoor
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -207,7 +208,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	s.authn = a
 	s.deprecations = newDeprecations(standaloneVersion)
 	if cfg.Upstream.enabled() {
-		if s.cluster, err = newCluster(cfg.Upstream, log); err != nil {
+		if s.cluster, err = newCluster(cfg.Upstream, log, promReg); err != nil {
 			return nil, err
 		}
 		s.deprecations = newDeprecations(s.cluster.version)
@@ -483,6 +484,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err == errNoCredentials {
 			creds = "none"
 		}
+		if errors.Is(err, errReviewThrottled) {
+			kube.WriteStatus(rec, errTooMany("Too many requests, please try again later."))
+			return
+		}
 		if errors.Is(err, errReviewFailed) {
 			kube.WriteStatus(rec, errUnavailable("the cluster could not authenticate the request: its TokenReview failed"))
 			return
@@ -505,9 +510,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.writeStatus(rec, r, apierrors.NewInternalError(err))
 			return
 		}
-		if ok, why := s.allowed(r, a); !ok {
+		if ok, why, fail := s.allowed(r, a); !ok {
 			ae.reason = forbiddenReason(a)
-			s.writeStatus(rec, r, errForbidden(a, why))
+			s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
 			return
 		}
 		release, ok := s.admit(rec, s.requests, "readOnly", u)
@@ -546,9 +551,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeStatus(rec, r, err)
 		return
 	}
-	if ok, why := s.allowed(r, a); !ok {
+	if ok, why, fail := s.allowed(r, a); !ok {
 		ae.reason = forbiddenReason(a)
-		s.writeStatus(rec, r, errForbidden(a, why))
+		s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
 		return
 	}
 	if h := s.deprecations.header(info.Resource); h != "" {
@@ -656,16 +661,18 @@ func (s *Server) nonResource(path string) http.Handler {
 }
 
 // allowed authorizes a; why is the authorizer's reason for a denial (the
-// cluster's, in cluster mode), which kube-apiserver appends to its 403.
-func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string) {
+// cluster's, in cluster mode), which kube-apiserver appends to its 403;
+// fail, when not nil, is the answer instead of a 403 (the cluster could not
+// be asked: 429 or 503).
+func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string, fail error) {
 	defer func() { auditDecision(r.Context(), ok, why) }()
 	if s.cluster != nil {
 		return s.cluster.authorize(r.Context(), a)
 	}
 	if s.rbac == nil {
-		return a.user.inGroup(groupMasters), ""
+		return a.user.inGroup(groupMasters), "", nil
 	}
-	return s.rbac.Get().authorize(a), ""
+	return s.rbac.Get().authorize(a), "", nil
 }
 
 // admit takes a slot of l for u, or answers 429. The returned release may

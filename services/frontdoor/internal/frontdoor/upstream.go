@@ -70,6 +70,14 @@ type UpstreamConfig struct {
 	// LongRunningTimeout bounds a forwarded long-running request's
 	// lifetime (longrunning.go).
 	LongRunningTimeout time.Duration
+
+	// Review limits (reviews.go).
+	ReviewQPS                   float64
+	ReviewBurst                 int
+	MaxReviewsInflight          int
+	MaxReviewsInflightPerUser   int
+	MaxNewTokenReviews          int
+	MaxNewTokenReviewsPerSource int
 }
 
 // RegisterFlags registers the upstream flags on fs. The cache TTLs default
@@ -88,7 +96,13 @@ func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.AuthzDenyCacheTTL, "upstream.authorization-deny-cache-ttl", 10*time.Second, "How long a denied SubjectAccessReview is cached.")
 	fs.Int64Var(&c.AuthzCacheBytes, "upstream.authorization-cache-bytes", 16<<20, "Memory of the SubjectAccessReview cache (decisions kept by a hash of the review, about 350 bytes each; least recently used evicted first); 0 caches nothing.")
 	fs.Int64Var(&c.AuthzCacheBytesPerUser, "upstream.authorization-cache-bytes-per-user", 1<<20, "Part of upstream.authorization-cache-bytes one user's decisions may hold (its own least recently used are evicted first): a user asking many different reviews evicts its own, not others'.")
-	fs.DurationVar(&c.ReviewTimeout, "upstream.review-timeout", 10*time.Second, "Timeout of one TokenReview or SubjectAccessReview.")
+	fs.DurationVar(&c.ReviewTimeout, "upstream.review-timeout", 10*time.Second, "Timeout of one TokenReview or SubjectAccessReview (a TokenReview's is at most 5 s: k8s.io/apiserver's token cache).")
+	fs.Float64Var(&c.ReviewQPS, "upstream.review-qps", 500, "TokenReviews per second sent to kube-apiserver, and separately SubjectAccessReviews (cache misses only). A review waits for its turn only as long as its deadline allows; beyond, the request gets 429 with Retry-After.")
+	fs.IntVar(&c.ReviewBurst, "upstream.review-burst", 1000, "Reviews of each kind sent at once above upstream.review-qps.")
+	fs.IntVar(&c.MaxReviewsInflight, "upstream.max-reviews-inflight", 200, "TokenReviews in flight to kube-apiserver at once, and separately SubjectAccessReviews; more get 429 with Retry-After.")
+	fs.IntVar(&c.MaxReviewsInflightPerUser, "upstream.max-reviews-inflight-per-user", 16, "SubjectAccessReviews of one user in flight at once (fairness: another user's are not delayed); more get 429.")
+	fs.IntVar(&c.MaxNewTokenReviews, "upstream.max-new-token-reviews-inflight", 100, "Requests whose bearer token the cluster has not accepted in the last 15 minutes (new tokens, bad ones) reviewed at once; more get 429. Tokens the cluster accepted are reviewed outside this pool, so a flood of bad tokens cannot delay them.")
+	fs.IntVar(&c.MaxNewTokenReviewsPerSource, "upstream.max-new-token-reviews-inflight-per-source", 25, "Of upstream.max-new-token-reviews-inflight, how many one client address may hold; more get 429.")
 }
 
 func (c *UpstreamConfig) enabled() bool { return c.Kubeconfig != "" }
@@ -116,6 +130,7 @@ func (c *UpstreamConfig) Validate() error {
 	if c.AuthzCacheBytes < 0 || c.AuthzCacheBytesPerUser < 0 {
 		errs = append(errs, errors.New("upstream.authorization-cache-bytes and upstream.authorization-cache-bytes-per-user must not be negative"))
 	}
+	errs = append(errs, c.validateReviews())
 	return errors.Join(errs...)
 }
 
