@@ -396,6 +396,9 @@ func (c *UpstreamConfig) validateReviews() error {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
 	}
+	if c.MaxNewTokenReviews > c.MaxReviewsInflight/2 {
+		errs = append(errs, errors.New("upstream.max-new-token-reviews-inflight must be at most half of upstream.max-reviews-inflight (the rest is for tokens the cluster accepted)"))
+	}
 	return errors.Join(errs...)
 }
 

@@ -512,6 +512,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if ok, why, fail := s.allowed(r, a); !ok {
 			ae.reason = forbiddenReason(a)
+			if fail != nil {
+				ae.reason = fail.Error()
+			}
 			s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
 			return
 		}
@@ -553,6 +556,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if ok, why, fail := s.allowed(r, a); !ok {
 		ae.reason = forbiddenReason(a)
+		if fail != nil {
+			ae.reason = fail.Error()
+		}
 		s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
 		return
 	}

@@ -99,10 +99,10 @@ func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReviewTimeout, "upstream.review-timeout", 10*time.Second, "Timeout of one TokenReview or SubjectAccessReview (a TokenReview's is at most 5 s: k8s.io/apiserver's token cache).")
 	fs.Float64Var(&c.ReviewQPS, "upstream.review-qps", 500, "TokenReviews per second sent to kube-apiserver, and separately SubjectAccessReviews (cache misses only). A review waits for its turn only as long as its deadline allows; beyond, the request gets 429 with Retry-After.")
 	fs.IntVar(&c.ReviewBurst, "upstream.review-burst", 1000, "Reviews of each kind sent at once above upstream.review-qps.")
-	fs.IntVar(&c.MaxReviewsInflight, "upstream.max-reviews-inflight", 200, "TokenReviews in flight to kube-apiserver at once, and separately SubjectAccessReviews; more get 429 with Retry-After.")
+	fs.IntVar(&c.MaxReviewsInflight, "upstream.max-reviews-inflight", 1000, "TokenReviews in flight to kube-apiserver at once, and separately SubjectAccessReviews; more get 429 with Retry-After.")
 	fs.IntVar(&c.MaxReviewsInflightPerUser, "upstream.max-reviews-inflight-per-user", 16, "SubjectAccessReviews of one user in flight at once (fairness: another user's are not delayed); more get 429.")
-	fs.IntVar(&c.MaxNewTokenReviews, "upstream.max-new-token-reviews-inflight", 100, "Requests whose bearer token the cluster has not accepted in the last 15 minutes (new tokens, bad ones) reviewed at once; more get 429. Tokens the cluster accepted are reviewed outside this pool, so a flood of bad tokens cannot delay them.")
-	fs.IntVar(&c.MaxNewTokenReviewsPerSource, "upstream.max-new-token-reviews-inflight-per-source", 25, "Of upstream.max-new-token-reviews-inflight, how many one client address may hold; more get 429.")
+	fs.IntVar(&c.MaxNewTokenReviews, "upstream.max-new-token-reviews-inflight", 500, "Requests whose bearer token the cluster has not accepted in the last 15 minutes (new tokens, bad ones) reviewed at once; more get 429. At most half of upstream.max-reviews-inflight: tokens the cluster accepted are reviewed outside this pool, so a flood of bad tokens cannot delay them.")
+	fs.IntVar(&c.MaxNewTokenReviewsPerSource, "upstream.max-new-token-reviews-inflight-per-source", 250, "Of upstream.max-new-token-reviews-inflight, how many one client address may hold; more get 429.")
 }
 
 func (c *UpstreamConfig) enabled() bool { return c.Kubeconfig != "" }
