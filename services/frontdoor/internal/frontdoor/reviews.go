@@ -98,6 +98,9 @@ func newReviewClient(cfg *rest.Config, c UpstreamConfig, review string, key func
 	rc := rest.CopyConfig(cfg)
 	rc.Timeout = c.ReviewTimeout
 	rc.QPS, rc.Burst, rc.RateLimiter = -1, 0, nil
+	// JSON, whatever the kubeconfig prefers: the transport reads the
+	// SubjectAccessReview's user from the body.
+	rc.ContentType = "application/json"
 	perUser := c.MaxReviewsInflightPerUser
 	if review == "tokenreview" {
 		perUser = 0 // one pool: the new-token pool is where fairness is kept
