@@ -2,8 +2,6 @@ package stack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -11,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"syscall"
 	"time"
 
@@ -27,12 +24,12 @@ const KubeAPIServerEnv = "HERALD_KUBE_APISERVER"
 const kubeAPIServerModule = "integration/bench/kubeapiserver"
 
 // KubeAPIServerBinary returns the path of a kube-apiserver built from
-// integration/bench/kubeapiserver, building it once per version of that
-// module (keyed by the hash of its go.mod, go.sum and main.go and by the Go
-// version) into the user's cache directory. An exclusive file lock makes
-// parallel test packages wait for one build instead of running two. The
-// first build compiles k8s.io/kubernetes and takes minutes; progress lines go
-// to log. KubeAPIServerEnv overrides all of this with a prebuilt binary.
+// integration/bench/kubeapiserver, stamped with KubeVersion, building it once
+// per version of that module (keyed by the hash of its go.mod, go.sum and
+// main.go, the build flags and the Go version) into the user's cache
+// directory (see moduleBuild). The first build compiles k8s.io/kubernetes
+// and takes minutes; progress lines go to log. KubeAPIServerEnv overrides
+// all of this with a prebuilt binary.
 func KubeAPIServerBinary(log io.Writer) (string, error) {
 	if bin := os.Getenv(KubeAPIServerEnv); bin != "" {
 		if _, err := os.Stat(bin); err != nil {
@@ -40,59 +37,14 @@ func KubeAPIServerBinary(log io.Writer) (string, error) {
 		}
 		return bin, nil
 	}
-	root, err := RepoRoot()
+	dir, err := moduleBuild{
+		name: "kube-apiserver", module: kubeAPIServerModule, files: []string{"go.mod", "go.sum", "main.go"},
+		steps: []buildStep{{bin: "kube-apiserver", args: []string{"build", "-ldflags", kubeVersionLDFlags(), "-o", "{out}", "."}}},
+	}.build(log)
 	if err != nil {
 		return "", err
 	}
-	src := filepath.Join(root, kubeAPIServerModule)
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(h, "%s %d\n", f, len(b))
-		h.Write(b)
-	}
-	io.WriteString(h, runtime.Version())
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("no cache directory for kube-apiserver: %w", err)
-	}
-	dir := filepath.Join(cache, "herald", "kube-apiserver", hex.EncodeToString(h.Sum(nil))[:16])
-	bin := filepath.Join(dir, "kube-apiserver")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("locking %s: %w", lock.Name(), err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	fmt.Fprintf(log, "building kube-apiserver v1.37.2 into %s (the first build compiles k8s.io/kubernetes: several minutes; later runs reuse it)\n", dir)
-	start := time.Now()
-	// Build next to the final path and rename, so that a build killed half
-	// way never leaves a binary that looks complete.
-	tmp := bin + ".tmp"
-	cmd := exec.Command("go", "build", "-o", tmp, ".")
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("building kube-apiserver: %w\n%s", err, out)
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		return "", err
-	}
-	fmt.Fprintf(log, "built kube-apiserver in %s\n", time.Since(start).Round(time.Second))
-	return bin, nil
+	return filepath.Join(dir, "kube-apiserver"), nil
 }
 
 // KubeAPIServerOptions say how to run kube-apiserver.
@@ -121,6 +73,8 @@ type KubeAPIServerOptions struct {
 	// Start, if set, runs start, which starts the process (the load
 	// benchmark starts it on the servers' CPUs, CPUPlan.StartServer).
 	Start func(start func() error) error
+	// Args are more flags, after the ones StartKubeAPIServer sets.
+	Args []string
 }
 
 // KubeAPIServer is a running kube-apiserver process.
@@ -167,6 +121,7 @@ func StartKubeAPIServer(ctx context.Context, o KubeAPIServerOptions) (*KubeAPISe
 	if o.EncryptionConfig != "" {
 		args = append(args, "--encryption-provider-config="+o.EncryptionConfig)
 	}
+	args = append(args, o.Args...)
 	cmd := exec.Command(o.Bin, args...)
 	// The runtime setting Herald's own processes get (Proc.Start), so that
 	// a side by side gives both the same: kube-apiserver is a Go process
