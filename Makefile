@@ -12,7 +12,7 @@ BIN := $(CURDIR)/.bin
 MODULES  := libs/rv libs/kube libs/proto libs/service libs/stream libs/cacheclient libs/storage services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
 SERVICES := ingest cache fanout frontdoor
 
-.PHONY: help run seed build test test-unit kubeapi e2e e2e-deep e2e-local images manifests bench proto proto-check lint tidy clean storage-check
+.PHONY: help run seed build test test-unit kubeapi conformance e2e e2e-deep e2e-local images manifests bench proto proto-check lint tidy clean storage-check
 
 # Container images: FROM scratch, static binaries built here (nothing is pulled).
 IMAGE_REPO ?= herald
@@ -57,6 +57,10 @@ kubeapi: ## Run only the side-by-side suite against a real kube-apiserver v1.37.
 	@# Builds kube-apiserver once (cached in ~/.cache/herald) before the tests' timeout starts.
 	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
 	cd integration && $(GO) test -count=1 -timeout 30m -v $(if $(RUN),-run '$(RUN)') ./kubeapi/
+
+conformance: ## Kubernetes' own sig-api-machinery [Conformance] tests (k8s.io/kubernetes v1.37.2 e2e) against kube-apiserver, then through Herald in cluster mode; prints the table, fails if Herald fails a test kube-apiserver passes (FOCUS=<regexp> runs fewer).
+	@# Builds the e2e test binary and kube-controller-manager once (cached in ~/.cache/herald, ~11 min of 2 cores the first time), then runs.
+	$(GO) run ./integration/cmd/herald-conformance $(if $(FOCUS),-focus '$(FOCUS)')
 
 e2e-local: ## Run only the in-process end-to-end tests (integration/e2e; part of `make test`).
 	cd integration && $(GO) test -count=1 -timeout 20m -v ./e2e/...
