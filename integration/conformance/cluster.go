@@ -100,8 +100,9 @@ func StartCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error)
 	if err != nil {
 		return nil, err
 	}
+	// etcd: data in Dir/etcd, log in Dir/etcd.log.
 	var etcdURL string
-	if c.etcd, etcdURL, err = stack.StartEtcd(filepath.Join(o.Dir, "etcd"), "", nil); err != nil {
+	if c.etcd, etcdURL, err = stack.StartEtcd(o.Dir, "", nil); err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
 	enc := filepath.Join(o.Dir, "encryption.yaml")
@@ -210,7 +211,7 @@ func grantHerald(ctx context.Context, kubectl, kubeconfig string, client kuberne
 		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
 	}
 	_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "herald-upstream"},
+		ObjectMeta: metav1.ObjectMeta{Name: "herald-conformance-upstream"}, // the file binds a ServiceAccount
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "herald-upstream"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: heraldUser}},
 	}, metav1.CreateOptions{})
