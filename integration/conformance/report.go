@@ -82,11 +82,10 @@ func ParseReport(b []byte) (Report, error) {
 	return run, nil
 }
 
+// firstLine is a failure message on one line (gomega's span several:
+// "Expected\n    <int>: 440\nto be ==\n    <int>: 400"), shortened.
 func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
+	s = strings.Join(strings.Fields(s), " ")
 	const max = 300
 	if len(s) > max {
 		s = s[:max] + "..."
