@@ -2,12 +2,8 @@ package cache
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
@@ -31,10 +27,9 @@ import (
 // (k8s.io/apiserver's etcd3 compactor). Ingest's watch of the registry
 // prefix does not see it, and the stream does not need to carry it: it
 // orders nothing (a revision only becomes unreadable), and each shard
-// replica follows the one key itself, a watch that sees one change per
-// compaction interval (5 minutes by default). A watch started at a
-// revision etcd has compacted also reports etcd's compaction revision;
-// that is taken too. A compaction that writes no compact_rev_key (etcd's
+// replica reads the one key itself every few seconds (compactionPoll; a
+// read, not a watch, so that etcd still sees one watch from Herald). A
+// compaction that writes no compact_rev_key (etcd's
 // own --auto-compaction, an operator's etcdctl compact) is not seen:
 // tokens then expire when the window moves past them, and the frontdoor
 // forwards them to kube-apiserver, which reads etcd.
@@ -49,62 +44,52 @@ import (
 // it compacts at (k8s.io/apiserver/pkg/storage/etcd3, compactRevKey).
 const compactRevKey = "compact_rev_key"
 
+// compactionPoll is how often a shard reads compact_rev_key. It is read,
+// not watched: etcd must see one watch from Herald, ingest's (a watch per
+// cache replica would be one more per replica). kube-apiserver's own
+// cache learns a compaction up to 15 s late; a read every 5 s costs etcd
+// one range request of one key.
+const compactionPoll = 5 * time.Second
+
 // followCompaction keeps s.compacted at etcd's compaction revision as
-// kube-apiserver records it, until ctx ends. A failure is retried after a
-// second, as kube-apiserver's compactor retries its watch, and after up to
-// 30s while it keeps failing (an etcd user that may not read the key).
+// kube-apiserver records it, until ctx ends: it reads compact_rev_key every
+// compactionPoll. A failure is logged once until a read works again (an
+// etcd user that may not read the key fails every time).
 func (s *Shard) followCompaction(ctx context.Context) {
-	backoff := time.Second
+	t := time.NewTicker(compactionPoll)
+	defer t.Stop()
+	failing := false
 	for {
-		start := time.Now()
-		err := s.watchCompaction(ctx)
-		if ctx.Err() != nil {
+		err := s.readCompaction(ctx)
+		switch {
+		case ctx.Err() != nil:
 			return
+		case err != nil && !failing:
+			s.log.Warn("reading etcd's compaction revision failed; retrying", "key", compactRevKey, "err", err, "every", compactionPoll)
+		case err == nil && failing:
+			s.log.Info("reading etcd's compaction revision works again", "key", compactRevKey)
 		}
-		if time.Since(start) > time.Minute {
-			backoff = time.Second // it had worked for a while
-		}
-		s.log.Warn("following etcd's compaction revision failed; retrying", "key", compactRevKey, "err", err, "backoff", backoff)
+		failing = err != nil
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-t.C:
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
-// watchCompaction reads compact_rev_key and follows its changes until the
-// watch fails.
-func (s *Shard) watchCompaction(ctx context.Context) error {
-	resp, err := s.etcd.Get(ctx, compactRevKey)
+// readCompaction reads compact_rev_key once.
+func (s *Shard) readCompaction(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, compactionPoll)
+	defer cancel()
+	resp, err := s.etcd.Get(rctx, compactRevKey)
 	if err != nil {
 		return err
 	}
 	if len(resp.Kvs) > 0 {
 		s.noteCompactRev(resp.Kvs[0].Value)
 	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	for wr := range s.etcd.Watch(wctx, compactRevKey, clientv3.WithRev(resp.Header.Revision+1)) {
-		if wr.CompactRevision > 0 {
-			// etcd compacted past where the watch started: the watch
-			// ends, saying up to where.
-			s.noteCompacted(wr.CompactRevision)
-		}
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.PUT {
-				s.noteCompactRev(ev.Kv.Value)
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return errors.New("the watch ended")
+	return nil
 }
 
 // noteCompactRev takes compact_rev_key's value.
