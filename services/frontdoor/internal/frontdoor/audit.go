@@ -20,10 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
-	"k8s.io/apimachinery/pkg/util/sets"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
-	"k8s.io/apiserver/pkg/endpoints/request"
-	"k8s.io/apiserver/pkg/server/filters"
 )
 
 // The audit log: one kube-apiserver audit Event (audit.k8s.io/v1, level
@@ -95,13 +92,6 @@ const (
 	// kube-apiserver's bound on a logged User-Agent.
 	maxAuditUserAgent = 1024
 )
-
-// auditRequestInfos resolves requests as kube-apiserver does for its audit
-// events (apiPrefixes api and apis).
-var auditRequestInfos = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
-
-// auditLongRunning is kube-apiserver's long-running request check.
-var auditLongRunning = filters.BasicLongRunningRequestCheck(sets.NewString("watch", "proxy"), sets.NewString("attach", "exec", "proxy", "log", "portforward"))
 
 // auditLog queues events for its writer.
 type auditLog struct {
@@ -241,13 +231,13 @@ func (l *auditLog) begin(r *http.Request, auditID string, start time.Time, ae *a
 	for _, ip := range utilnet.SourceIPs(r) {
 		ev.SourceIPs = append(ev.SourceIPs, ip.String())
 	}
-	if info, err := auditRequestInfos.NewRequestInfo(r); err == nil {
+	if info, err := requestInfos.NewRequestInfo(r); err == nil {
 		ev.Verb = info.Verb
 		if info.IsResourceRequest {
 			ev.ObjectRef = &auditv1.ObjectReference{Resource: info.Resource, Namespace: info.Namespace, Name: info.Name,
 				Subresource: info.Subresource, APIGroup: info.APIGroup, APIVersion: info.APIVersion}
 		}
-		a.longRunning = auditLongRunning(r, info)
+		a.longRunning = isLongRunning(r, info)
 	} else {
 		ev.Verb = strings.ToLower(r.Method)
 	}
