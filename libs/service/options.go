@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"herald.dev/libs/kube"
 )
 
 // The option groups several services share. Each is embedded in the
@@ -153,21 +151,19 @@ func readSecretFile(file string) (string, error) {
 }
 
 // RegistryConfig is where the Kubernetes objects are in etcd and which
-// resources Herald serves (prefix, resources-file).
+// resources Herald serves (prefix, resources-file): kube.LoadRegistry(
+// ResourcesFile, Prefix) loads the registry. Only the flags live here, so
+// that this package knows nothing of Kubernetes.
 type RegistryConfig struct {
 	Prefix        string
 	ResourcesFile string
 }
 
-// RegisterFlags registers prefix and resources-file.
+// RegisterFlags registers prefix (default kube-apiserver's, libs/kube's
+// DefaultPrefix) and resources-file.
 func (c *RegistryConfig) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Prefix, "prefix", kube.DefaultPrefix, "etcd key prefix of the Kubernetes objects.")
+	fs.StringVar(&c.Prefix, "prefix", "/registry", "etcd key prefix of the Kubernetes objects.")
 	fs.StringVar(&c.ResourcesFile, "resources-file", "", "Resource registry file (JSON); empty for the built-in resources.")
-}
-
-// LoadRegistry loads the resource registry.
-func (c *RegistryConfig) LoadRegistry() (*kube.Registry, error) {
-	return kube.LoadRegistry(c.ResourcesFile, c.Prefix)
 }
 
 // SourceConfig is where Herald's data comes from, for the two services

@@ -37,7 +37,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache.tls: %w", err)
 	}
-	reg, err := cfg.LoadRegistry()
+	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
 	if err != nil {
 		return nil, err
 	}
