@@ -102,6 +102,16 @@ func sameResource(a, b *Resource) bool {
 // Custom reports whether r is a custom resource learned from a CRD.
 func (r *Resource) Custom() bool { return r.custom != nil }
 
+// TableConvertor renders a custom resource's Table from its CRD's printer
+// columns (k8s.io/apiextensions-apiserver's own table convertor, as
+// kube-apiserver renders custom resources); nil for the others.
+func (r *Resource) TableConvertor() rest.TableConvertor {
+	if r.custom == nil {
+		return nil
+	}
+	return r.custom.table
+}
+
 // Discoverable reports whether discovery lists r: a custom resource once
 // its CRD is Established, every other resource always.
 func (r *Resource) Discoverable() bool { return r.custom == nil || r.custom.established }

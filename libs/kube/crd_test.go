@@ -262,42 +262,6 @@ func TestRegistryCustomResources(t *testing.T) {
 	}
 }
 
-// TestCustomTable renders a custom resource's Table with its CRD's printer
-// columns, as kube-apiserver's CRD handler does.
-func TestCustomTable(t *testing.T) {
-	_, rs, err := CustomResources(testCRD(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := defaultRegistry(t)
-	if _, err := g.SetCRD("widgets.example.com", rs); err != nil {
-		t.Fatal(err)
-	}
-	r, _ := g.ByID("widgets.example.com")
-	item := []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1","namespace":"shop","resourceVersion":"9","creationTimestamp":"2026-01-01T00:00:00Z"},"spec":{"color":"red","size":3}}`)
-	var table metav1.Table
-	if err := json.Unmarshal(Table(r, [][]byte{item}, metav1.ListMeta{ResourceVersion: "9"}, true, time.Now()), &table); err != nil {
-		t.Fatal(err)
-	}
-	var cols []string
-	for _, c := range table.ColumnDefinitions {
-		cols = append(cols, c.Name)
-	}
-	if strings.Join(cols, ",") != "Name,Color,Size" || table.ColumnDefinitions[2].Priority != 1 {
-		t.Errorf("columns %v", table.ColumnDefinitions)
-	}
-	if len(table.Rows) != 1 || len(table.Rows[0].Cells) != 3 || table.Rows[0].Cells[0] != "w1" || table.Rows[0].Cells[1] != "red" || table.Rows[0].Cells[2] != float64(3) {
-		t.Fatalf("rows %+v", table.Rows)
-	}
-	var row metav1.PartialObjectMetadata
-	if err := json.Unmarshal(table.Rows[0].Object.Raw, &row); err != nil || row.Kind != "PartialObjectMetadata" || row.Name != "w1" || row.ResourceVersion != "9" {
-		t.Errorf("row object %s: %v", table.Rows[0].Object.Raw, err)
-	}
-	if table.ResourceVersion != "9" || table.Kind != "Table" {
-		t.Errorf("table %+v", table.TypeMeta)
-	}
-}
-
 // TestDecodeCustomResourceOtherVersion: an object stored in another version
 // of the kind is served in the storage version with the None conversion
 // strategy (kube-apiserver rewrites only its apiVersion), and skipped when

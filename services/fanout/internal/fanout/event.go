@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/printers"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 )
@@ -157,5 +158,5 @@ func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool, now t
 		} `json:"metadata"`
 	}
 	_ = json.Unmarshal(obj, &o)
-	return encodeLine(typ, kube.Table(r, [][]byte{obj}, metav1.ListMeta{ResourceVersion: o.Metadata.ResourceVersion}, withColumns, now))
+	return encodeLine(typ, printers.Table(r, [][]byte{obj}, metav1.ListMeta{ResourceVersion: o.Metadata.ResourceVersion}, withColumns, now))
 }

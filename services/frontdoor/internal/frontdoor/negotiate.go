@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/printers"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 )
@@ -49,7 +50,7 @@ func (s *Server) negotiateWatch(r *http.Request, info kube.RequestInfo) error {
 // Content-Type and bytes. Errors are API errors (406 for a transformation
 // the response cannot take) or, for values the cache should never have
 // handed out, internal ones.
-func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n storage.Negotiated, include kube.IncludeObject, now time.Time) (string, []byte, error) {
+func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n storage.Negotiated, include printers.IncludeObject, now time.Time) (string, []byte, error) {
 	res := info.Resource
 	gvk := res.GroupVersionKind()
 	custom := s.custom(res)
@@ -69,7 +70,7 @@ func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n stor
 		if get {
 			lm = metav1.ListMeta{ResourceVersion: lm.ResourceVersion}
 		}
-		body = kube.TableWith(res, resp.Items, lm, true, include, now)
+		body = printers.TableWith(res, resp.Items, lm, true, include, now)
 	case n.As() == storage.KindPartialObjectMetadata:
 		obj, err = storage.Metadata(resp.Items[0], custom, n.Target.GroupVersion())
 	case n.As() == storage.KindPartialObjectMetadataList:

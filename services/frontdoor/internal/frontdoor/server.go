@@ -72,6 +72,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/printers"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
@@ -773,7 +774,7 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		s.writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
 		return true
 	}
-	ct, body, err := s.body(info, resp, n, kube.IncludeObject(r.URL.Query().Get("includeObject")), time.Now())
+	ct, body, err := s.body(info, resp, n, printers.IncludeObject(r.URL.Query().Get("includeObject")), time.Now())
 	if err != nil {
 		if kube.StatusOf(err).Code == http.StatusInternalServerError {
 			s.log.Error("encoding a response failed", "resource", info.Resource.ID(), "err", err)

@@ -1,4 +1,4 @@
-package kube
+package printers
 
 import (
 	"encoding/json"
@@ -7,13 +7,15 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"herald.dev/libs/kube"
 )
 
 // The end-to-end test (integration/kubeapi) compares every built-in kind's
 // Table with kube-apiserver's; these pin the rules that its objects do not
 // exercise.
 func TestBuiltinTableRows(t *testing.T) {
-	reg, err := NewRegistry(DefaultPrefix, DefaultResources())
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func TestBuiltinTableRows(t *testing.T) {
 }
 
 func TestTableIncludeObject(t *testing.T) {
-	reg, err := NewRegistry(DefaultPrefix, DefaultResources())
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
 	if err != nil {
 		t.Fatal(err)
 	}

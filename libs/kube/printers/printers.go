@@ -1,4 +1,4 @@
-package kube
+package printers
 
 import (
 	"encoding/json"

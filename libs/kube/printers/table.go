@@ -1,4 +1,4 @@
-package kube
+package printers
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
 
+	"herald.dev/libs/kube"
 	"herald.dev/libs/storage"
 )
 
@@ -38,7 +39,7 @@ type tableObject struct {
 	} `json:"status"`
 }
 
-func columns(r *Resource) []metav1.TableColumnDefinition {
+func columns(r *kube.Resource) []metav1.TableColumnDefinition {
 	name := metav1.TableColumnDefinition{Name: "Name", Type: "string", Format: "name", Description: "Name of the object."}
 	age := metav1.TableColumnDefinition{Name: "Age", Type: "string", Description: "Time since the object was created."}
 	if r.Group == "" && r.Plural == "pods" {
@@ -53,7 +54,7 @@ func columns(r *Resource) []metav1.TableColumnDefinition {
 	return []metav1.TableColumnDefinition{name, age}
 }
 
-func row(r *Resource, item []byte, now time.Time) metav1.TableRow {
+func row(r *kube.Resource, item []byte, now time.Time) metav1.TableRow {
 	var o tableObject
 	_ = json.Unmarshal(item, &o)
 	var meta metav1.ObjectMeta
@@ -114,15 +115,15 @@ const (
 // Table renders items (objects of r as served) as a meta.k8s.io/v1 Table
 // whose rows carry each object's PartialObjectMetadata. withColumns false
 // leaves out the column definitions (watch events after the first).
-func Table(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, now time.Time) []byte {
+func Table(r *kube.Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, now time.Time) []byte {
 	return TableWith(r, items, listMeta, withColumns, IncludeMetadata, now)
 }
 
 // TableWith is Table with the rows' objects as include says. A built-in
 // kind gets kube-apiserver's columns and cells for it (printers.go), a
 // custom resource its CRD's printer columns (table_custom.go).
-func TableWith(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject, now time.Time) []byte {
-	if r.custom != nil {
+func TableWith(r *kube.Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject, now time.Time) []byte {
+	if r.Custom() {
 		if b, err := customTable(r, items, listMeta, withColumns, include); err == nil {
 			return b
 		}

@@ -1,4 +1,4 @@
-package kube
+package printers
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"herald.dev/libs/kube"
 	"herald.dev/libs/storage"
 )
 
@@ -17,14 +18,14 @@ import (
 // item's PartialObjectMetadata (the default includeObject=Metadata, read
 // through the unstructured accessors as kube-apiserver reads a custom
 // resource's), the item itself, or nothing.
-func customTable(r *Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject) ([]byte, error) {
+func customTable(r *kube.Resource, items [][]byte, listMeta metav1.ListMeta, withColumns bool, include IncludeObject) ([]byte, error) {
 	list := &unstructured.UnstructuredList{Items: make([]unstructured.Unstructured, len(items))}
 	for i, it := range items {
 		if err := list.Items[i].UnmarshalJSON(it); err != nil {
 			return nil, err
 		}
 	}
-	t, err := r.custom.table.ConvertToTable(context.Background(), list, &metav1.TableOptions{NoHeaders: !withColumns})
+	t, err := r.TableConvertor().ConvertToTable(context.Background(), list, &metav1.TableOptions{NoHeaders: !withColumns})
 	if err != nil {
 		return nil, err
 	}
