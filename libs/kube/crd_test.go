@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -210,12 +209,6 @@ func TestRegistryCustomResources(t *testing.T) {
 	}
 	if got, _, _, _ := g.ParseKey("/registry/example.com/gadgets/shop/g1"); got != nil {
 		t.Errorf("ParseKey of an unknown custom resource = %v", got)
-	}
-	if info, err := g.ParseRequest("/apis/example.com/v1/namespaces/shop/widgets", url.Values{"watch": {"true"}}); err != nil || info.Resource != r || info.Verb != VerbWatch {
-		t.Errorf("ParseRequest = %+v, %v", info, err)
-	}
-	if _, err := g.ParseRequest("/apis/example.com/v1/namespaces/shop/widgets/w1/status", nil); err == nil || err.Error() != `widgets.example.com "w1" not found` {
-		t.Errorf("ParseRequest of a subresource: %v", err)
 	}
 	if got, _, _, ok := g.ParseKey("/registry/pods/default/web-0"); got == nil || got.ID() != "pods" || !ok {
 		t.Errorf("ParseKey of a pod = %v %v", got, ok)

@@ -3,8 +3,8 @@
 // in etcd: libs/storage's built-in table, narrowed or extended by a registry
 // file), the decoding of stored values for serving (Decoder: kube-apiserver's
 // JSON of the object, resourceVersion, labels and selectable fields, made
-// once), request paths, selectors and Status errors. Server-side Tables
-// are libs/kube/printers'.
+// once) and Status errors. Request paths, watch options and selectors are
+// libs/kube/request's, server-side Tables libs/kube/printers'.
 //
 // Invariants: a value that cannot be decoded yields a *DecodeError and no
 // Object, never a partial one; an Object's JSON is exactly what

@@ -38,7 +38,7 @@ func TestDefaultRegistryIsTheBuiltinTable(t *testing.T) {
 			t.Errorf("%s decodes as %v, stored as %v", r.ID(), r.Stored().StorageGVK(), st.StorageGVK())
 		}
 		for label, field := range st.FieldLabels {
-			if !r.selectable(label) {
+			if !r.Selectable(label) {
 				t.Errorf("%s: field label %s not selectable", r.ID(), label)
 			}
 			i := slices.IndexFunc(r.Fields, func(f Field) bool { return f.Name == label })
@@ -66,7 +66,7 @@ func TestDefaultRegistryIsTheBuiltinTable(t *testing.T) {
 	}
 	pods, _ := g.ByID("pods")
 	for _, f := range []string{"spec.host", "spec.nodeName", "status.phase", "metadata.namespace"} {
-		if !pods.selectable(f) {
+		if !pods.Selectable(f) {
 			t.Errorf("pods: %s not selectable", f)
 		}
 	}
@@ -116,11 +116,11 @@ func TestRegistryFile(t *testing.T) {
 		t.Fatalf("%d resources", n)
 	}
 	svc, _ := g.ByID("services")
-	if svc.KeyPrefix() != "/registry/services/specs/" || !slices.Equal(svc.ShortNames, []string{"svc"}) || !svc.selectable("spec.clusterIP") {
+	if svc.KeyPrefix() != "/registry/services/specs/" || !slices.Equal(svc.ShortNames, []string{"svc"}) || !svc.Selectable("spec.clusterIP") {
 		t.Errorf("services from a file: %+v", svc)
 	}
 	pods, _ := g.ByID("pods")
-	if !pods.selectable("spec.nodeName") || pods.selectable("status.phase") || !pods.computed[0] {
+	if !pods.Selectable("spec.nodeName") || pods.Selectable("status.phase") || !pods.computed[0] {
 		t.Errorf("pods from a file: fields %+v computed %v", pods.Fields, pods.computed)
 	}
 	w, _ := g.ByID("widgets.example.com")

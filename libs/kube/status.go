@@ -83,3 +83,10 @@ func ErrorEvent(err error) []byte {
 	}{"ERROR", s})
 	return append(b, '\n')
 }
+
+// ErrNoRoute is a path under a group kube-apiserver has no built-in
+// handler for (an unknown group, or a custom resource's group, which
+// apiextensions-apiserver serves): kube-apiserver answers it from its last
+// handler, with a plain-text "404 page not found" rather than a Status.
+// WriteStatus writes it so.
+var ErrNoRoute = errors.New("404 page not found")

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 )
@@ -88,7 +88,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if err != nil {
 		return nil, errStatus(err)
 	}
-	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := request.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -226,7 +226,7 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		return err
 	}
 	rs = v.s.current(rs)
-	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := request.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -390,8 +390,8 @@ const (
 // followed by a bookmark, so they may be cut anywhere.
 type watchSender struct {
 	stream   heraldv1.Cache_WatchServer
-	sel      *kube.Selector // the request's namespace and selectors
-	omitPrev bool           // the request's omit_unchanged_prev
+	sel      *request.Selector // the request's namespace and selectors
+	omitPrev bool              // the request's omit_unchanged_prev
 	events   []*heraldv1.Event
 	bytes    int // of the events' objects
 	inState  bool

@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 )
@@ -269,7 +270,7 @@ func TestWatchSelectorsKeepTransitions(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("malformed selector: %v, want InvalidArgument", err)
 	}
-	sel, err := kube.ParseSelector(pods(t), "a", "app=web", "spec.nodeName=n1")
+	sel, err := request.ParseSelector(pods(t), "a", "app=web", "spec.nodeName=n1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	"herald.dev/libs/storage"
 )
 
@@ -104,7 +105,7 @@ func (s *Server) encoder(res *kube.Resource) *encoder {
 // transition t; cols asks a Table with its column definitions. It is made
 // once per item and shared: the item's lock makes concurrent watchers wait
 // for the first one's encoding rather than encode again.
-func (e *encoder) encoded(it *item, f format, t kube.Transition, cols bool) ([]byte, error) {
+func (e *encoder) encoded(it *item, f format, t request.Transition, cols bool) ([]byte, error) {
 	switch {
 	case f == jsonLines:
 		return it.line(t), nil
@@ -114,7 +115,7 @@ func (e *encoder) encoded(it *item, f format, t kube.Transition, cols bool) ([]b
 	if f.as != storage.KindTable {
 		cols = false
 	}
-	k := encKey{f: f, prev: t == kube.AsDeletedPrev, typ: typeNames[t], cols: cols}
+	k := encKey{f: f, prev: t == request.AsDeletedPrev, typ: typeNames[t], cols: cols}
 	it.mu.Lock()
 	defer it.mu.Unlock()
 	if b, ok := it.encs[k]; ok {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 )
@@ -59,7 +60,7 @@ func TestEncodedOncePerEvent(t *testing.T) {
 		{mt: storage.MediaJSON, as: storage.KindTable},
 	}
 	for _, f := range formats {
-		for _, tr := range []kube.Transition{kube.AsModified, kube.AsDeletedPrev} {
+		for _, tr := range []request.Transition{request.AsModified, request.AsDeletedPrev} {
 			var wg sync.WaitGroup
 			got := make([][]byte, 8)
 			for i := range got {
@@ -80,7 +81,7 @@ func TestEncodedOncePerEvent(t *testing.T) {
 		}
 	}
 
-	ev := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf}, kube.AsDeletedPrev, false)))
+	ev := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf}, request.AsDeletedPrev, false)))
 	obj, err := e.codec.DecodeServed(e.gvk, []byte(podJSON))
 	if err != nil {
 		t.Fatal(err)
@@ -89,12 +90,12 @@ func TestEncodedOncePerEvent(t *testing.T) {
 	if ev.Type != "DELETED" || !bytes.HasPrefix(ev.Object.Raw, []byte("k8s\x00")) || len(ev.Object.Raw) != len(want) {
 		t.Fatalf("protobuf DELETED: %q %d bytes, want %d", ev.Type, len(ev.Object.Raw), len(want))
 	}
-	line := string(must(e.encoded(it, formats[2], kube.AsModified, false)))
+	line := string(must(e.encoded(it, formats[2], request.AsModified, false)))
 	if !strings.HasPrefix(line, `{"type":"MODIFIED","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"name":"web-0","namespace":"default","resourceVersion":"12"`) ||
 		!strings.HasSuffix(line, "}}\n") || strings.Count(line, "\n") != 1 {
 		t.Fatalf("metadata line: %q", line)
 	}
-	ev = frame(t, must(e.encoded(it, formats[3], kube.AsModified, false)))
+	ev = frame(t, must(e.encoded(it, formats[3], request.AsModified, false)))
 	if !bytes.Contains(ev.Object.Raw, []byte("meta.k8s.io/v1beta1")) || !bytes.Contains(ev.Object.Raw, []byte("web-0")) {
 		t.Fatalf("protobuf metadata: %q", ev.Object.Raw)
 	}
@@ -102,7 +103,7 @@ func TestEncodedOncePerEvent(t *testing.T) {
 	// kube-apiserver ends a watch asking for PartialObjectMetadataList at
 	// its first event.
 	poml := format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadataList, gv: metav1.SchemeGroupVersion}
-	if _, err := e.encoded(it, poml, kube.AsModified, false); err != errWatchAsList {
+	if _, err := e.encoded(it, poml, request.AsModified, false); err != errWatchAsList {
 		t.Errorf("metadata list event: %v", err)
 	}
 	if _, err := e.bookmark(poml, 12, true); err != errWatchAsList {
@@ -112,7 +113,7 @@ func TestEncodedOncePerEvent(t *testing.T) {
 	// A value that is not a pod ends the stream with an error, never a
 	// wrong object.
 	bad := newItem(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 13, Object: []byte(`{"metadata":[]}`)})
-	if _, err := e.encoded(bad, format{mt: storage.MediaProtobuf}, kube.AsAdded, false); err == nil {
+	if _, err := e.encoded(bad, format{mt: storage.MediaProtobuf}, request.AsAdded, false); err == nil {
 		t.Error("undecodable object encoded")
 	}
 }
@@ -134,25 +135,25 @@ func TestProtobufFromCache(t *testing.T) {
 	it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "default", Name: "web-0",
 		Object: []byte(podJSON), PrevObject: []byte(podJSON), ObjectProtobuf: fromCache})
 	pb := format{mt: storage.MediaProtobuf}
-	if ev := frame(t, must(e.encoded(it, pb, kube.AsModified, false))); ev.Type != "MODIFIED" || !bytes.Equal(ev.Object.Raw, fromCache) {
+	if ev := frame(t, must(e.encoded(it, pb, request.AsModified, false))); ev.Type != "MODIFIED" || !bytes.Equal(ev.Object.Raw, fromCache) {
 		t.Fatalf("MODIFIED: %s %q, want the cache's %q", ev.Type, ev.Object.Raw, fromCache)
 	}
-	if ev := frame(t, must(e.encoded(it, pb, kube.AsDeletedPrev, false))); ev.Type != "DELETED" || !bytes.Equal(ev.Object.Raw, want) {
+	if ev := frame(t, must(e.encoded(it, pb, request.AsDeletedPrev, false))); ev.Type != "DELETED" || !bytes.Equal(ev.Object.Raw, want) {
 		t.Fatalf("DELETED of the previous object: %s %q, want %q", ev.Type, ev.Object.Raw, want)
 	}
 	// Other formats of the object never take the protobuf bytes.
-	line := string(must(e.encoded(it, jsonLines, kube.AsModified, false)))
+	line := string(must(e.encoded(it, jsonLines, request.AsModified, false)))
 	if line != `{"type":"MODIFIED","object":`+podJSON+"}\n" {
 		t.Fatalf("JSON line %q", line)
 	}
-	meta := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion}, kube.AsModified, false)))
+	meta := frame(t, must(e.encoded(it, format{mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion}, request.AsModified, false)))
 	if bytes.Contains(meta.Object.Raw, []byte("cache's own")) || !bytes.Contains(meta.Object.Raw, []byte("PartialObjectMetadata")) {
 		t.Fatalf("metadata: %q", meta.Object.Raw)
 	}
 	// Without it, the object is made from the JSON (initial state,
 	// replays, DELETED events).
 	plain := newItem(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 12, Namespace: "default", Name: "web-0", Object: []byte(podJSON)})
-	if ev := frame(t, must(e.encoded(plain, pb, kube.AsAdded, false))); !bytes.Equal(ev.Object.Raw, want) {
+	if ev := frame(t, must(e.encoded(plain, pb, request.AsAdded, false))); !bytes.Equal(ev.Object.Raw, want) {
 		t.Fatalf("ADDED from JSON: %q, want %q", ev.Object.Raw, want)
 	}
 }
@@ -263,7 +264,7 @@ func BenchmarkProtobufEvent(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				it := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Object: []byte(podJSON), ObjectProtobuf: tc.pb})
-				if _, err := e.encoded(it, format{mt: storage.MediaProtobuf}, kube.AsModified, false); err != nil {
+				if _, err := e.encoded(it, format{mt: storage.MediaProtobuf}, request.AsModified, false); err != nil {
 					b.Fatal(err)
 				}
 			}

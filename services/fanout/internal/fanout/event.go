@@ -10,6 +10,7 @@ import (
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/printers"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 )
@@ -19,7 +20,7 @@ import (
 // (encode once, write many).
 type item struct {
 	ev    *heraldv1.Event
-	lines [4]atomic.Pointer[[]byte] // by kube.Transition-1
+	lines [4]atomic.Pointer[[]byte] // by request.Transition-1
 	// encs: the item's other encodings (encoding.go), made under mu;
 	// encErr: why one of them could not be made (the object does not
 	// decode), so that it is tried and logged once.
@@ -75,7 +76,7 @@ func (it *item) cost() int {
 	return 2*(len(it.ev.Object)+len(it.ev.PrevObject)) + len(it.ev.ObjectProtobuf) + 512
 }
 
-var typeNames = [...]string{kube.AsAdded: "ADDED", kube.AsModified: "MODIFIED", kube.AsDeleted: "DELETED", kube.AsDeletedPrev: "DELETED"}
+var typeNames = [...]string{request.AsAdded: "ADDED", request.AsModified: "MODIFIED", request.AsDeleted: "DELETED", request.AsDeletedPrev: "DELETED"}
 
 func kindOf(t heraldv1.EventType) string {
 	switch t {
@@ -90,15 +91,15 @@ func kindOf(t heraldv1.EventType) string {
 }
 
 // object returns the object a watcher sees for transition t.
-func (it *item) object(t kube.Transition) []byte {
-	if t == kube.AsDeletedPrev {
+func (it *item) object(t request.Transition) []byte {
+	if t == request.AsDeletedPrev {
 		return it.ev.PrevObject
 	}
 	return it.ev.Object
 }
 
 // line returns the JSON watch line for transition t.
-func (it *item) line(t kube.Transition) []byte {
+func (it *item) line(t request.Transition) []byte {
 	slot := &it.lines[t-1]
 	if p := slot.Load(); p != nil {
 		return *p
@@ -114,14 +115,14 @@ func (it *item) line(t kube.Transition) []byte {
 func encodeLine(typ string, obj []byte) []byte { return storage.JSONWatchEvent(typ, obj) }
 
 // transition decides what a watcher with selector sel sees of it.
-func (it *item) transition(sel *kube.Selector) kube.Transition {
+func (it *item) transition(sel *request.Selector) request.Transition {
 	ev := it.ev
 	if sel.Namespace != "" && ev.Namespace != sel.Namespace {
-		return kube.Skip
+		return request.Skip
 	}
 	kind := kindOf(ev.Type)
 	if sel.Empty {
-		return kube.Decide(kind, true, true)
+		return request.Decide(kind, true, true)
 	}
 	cur := sel.Matches(ev.Namespace, ev.Labels, ev.Fields)
 	prev := false
@@ -132,7 +133,7 @@ func (it *item) transition(sel *kube.Selector) kube.Transition {
 	default:
 		prev = sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
 	}
-	return kube.Decide(kind, cur, prev)
+	return request.Decide(kind, cur, prev)
 }
 
 // bookmarkLine encodes a BOOKMARK: an object of the resource's kind with

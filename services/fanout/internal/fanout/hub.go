@@ -16,6 +16,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -210,7 +211,7 @@ func (h *hub) dispatch(it *item) (queued int) {
 			return
 		}
 		t := it.transition(w.sel)
-		if t == kube.Skip {
+		if t == request.Skip {
 			return
 		}
 		if !w.enqueue(it, t) {
@@ -269,11 +270,11 @@ func (h *hub) refill(w *watcher, i int64) bool {
 	defer w.mu.Unlock()
 	for ; i < int64(len(h.ring)); i++ {
 		it := h.ring[i]
-		t := kube.Skip
+		t := request.Skip
 		if it.ev.Revision > w.after {
 			t = it.transition(w.sel)
 		}
-		if t == kube.Skip {
+		if t == request.Skip {
 			continue
 		}
 		if _, _, ok := w.push(it, t, int64(len(it.object(t)))); !ok {

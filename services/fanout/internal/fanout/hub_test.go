@@ -17,7 +17,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/cacheclient/cachetest"
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -65,7 +65,7 @@ func TestHubMergesShardStreams(t *testing.T) {
 	if head := h.head.Load(); head != 12 {
 		t.Fatalf("head %d after the start, want the latest shard's 12", head)
 	}
-	w1 := newWatcher(kube.Everything(""), 64, 1<<20)
+	w1 := newWatcher(request.Everything(""), 64, 1<<20)
 	if _, _, ok := h.join(w1, 12); !ok {
 		t.Fatal("cannot join at the head")
 	}
@@ -85,7 +85,7 @@ func TestHubMergesShardStreams(t *testing.T) {
 		t.Fatalf("watcher got %v, want [21]", got)
 	}
 
-	w2 := newWatcher(kube.Everything(""), 64, 1<<20)
+	w2 := newWatcher(request.Everything(""), 64, 1<<20)
 	backlog, _, ok := h.join(w2, 13)
 	var revs []int64
 	for _, it := range backlog {
@@ -129,7 +129,7 @@ func TestHubClosesWatchersOnALaggingShard(t *testing.T) {
 	wa.Send(cachetest.Bookmark(10))
 	wb.Send(cachetest.Bookmark(10))
 	<-h.synced
-	w := newWatcher(kube.Everything(""), 1000, 1<<30)
+	w := newWatcher(request.Everything(""), 1000, 1<<30)
 	if _, _, ok := h.join(w, 10); !ok {
 		t.Fatal("cannot join at the head")
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -27,7 +28,7 @@ func podsResource(t testing.TB) *kube.Resource {
 func TestWatcherIndex(t *testing.T) {
 	pods := podsResource(t)
 	mk := func(name, ns, fieldSel string) *watcher {
-		sel, err := kube.ParseSelector(pods, ns, "", fieldSel)
+		sel, err := request.ParseSelector(pods, ns, "", fieldSel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +86,7 @@ func TestDispatchPrevUnchanged(t *testing.T) {
 	pods := podsResource(t)
 	h := newHub(pods, nil, ringLimits{events: 16, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 	mk := func(ls, fs string) *watcher {
-		sel, err := kube.ParseSelector(pods, "", ls, fs)
+		sel, err := request.ParseSelector(pods, "", ls, fs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,10 +105,10 @@ func TestDispatchPrevUnchanged(t *testing.T) {
 	}
 	for name, c := range map[string]struct {
 		w    *watcher
-		want []kube.Transition
-	}{"all": {all, []kube.Transition{kube.AsModified}}, "app=web": {web, []kube.Transition{kube.AsModified}},
-		"app=db": {db, nil}, "node n1": {n1, []kube.Transition{kube.AsModified}}, "node n2": {n2, nil}} {
-		var got []kube.Transition
+		want []request.Transition
+	}{"all": {all, []request.Transition{request.AsModified}}, "app=web": {web, []request.Transition{request.AsModified}},
+		"app=db": {db, nil}, "node n1": {n1, []request.Transition{request.AsModified}}, "node n2": {n2, nil}} {
+		var got []request.Transition
 		for _, q := range c.w.take(nil) {
 			got = append(got, q.t)
 		}
@@ -133,7 +134,7 @@ func BenchmarkDispatchKubelets(b *testing.B) {
 				if mode == "linear" {
 					fs, ls = "", fmt.Sprintf("node=node-%d", i)
 				}
-				sel, err := kube.ParseSelector(pods, "", ls, fs)
+				sel, err := request.ParseSelector(pods, "", ls, fs)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service/watchmux"
 )
@@ -124,7 +125,7 @@ func newPacedWatch(t *testing.T, every time.Duration, how ...pacing) *pacedWatch
 	var st *stream
 	pw.w, pw.sw, st = recordedStream(clk, m, res, len(how) > 0 && how[0] == sessionPacer)
 	w := pw.w
-	pw.wt = newWatcher(kube.Everything(""), 100, 1<<20)
+	pw.wt = newWatcher(request.Everything(""), 100, 1<<20)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	if pw.sw != nil {
@@ -168,7 +169,7 @@ func (p *pacedWatch) enqueue(revs ...int64) {
 	p.t.Helper()
 	for _, rev := range revs {
 		obj := fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"%d"}}`, rev)
-		if !p.wt.enqueue(newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: []byte(obj)}), kube.AsModified) {
+		if !p.wt.enqueue(newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: []byte(obj)}), request.AsModified) {
 			p.t.Fatal("watcher closed")
 		}
 	}
@@ -273,7 +274,7 @@ func TestZeroIntervalNeverSchedules(t *testing.T) {
 	// The pacer's loop does not run: the test calls its write as the loop
 	// would, for each notification.
 	pc := newPacer(clk, 0)
-	p := &pacedWatch{t: t, clk: clk, w: w, wt: newWatcher(kube.Everything(""), 100, 1<<20)}
+	p := &pacedWatch{t: t, clk: clk, w: w, wt: newWatcher(request.Everything(""), 100, 1<<20)}
 	e := pc.add(st, p.wt)
 	now := clk.Now()
 	for rev := int64(1); rev <= 3; rev++ {

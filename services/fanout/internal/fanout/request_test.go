@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 )
@@ -19,11 +20,11 @@ func TestStartRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	pods, _ := reg.ByID("pods")
-	sel, err := kube.ParseSelector(pods, "ns1", "app=web", "spec.nodeName=node-1")
+	sel, err := request.ParseSelector(pods, "ns1", "app=web", "spec.nodeName=node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := kube.RequestInfo{Resource: pods, Namespace: "ns1", Verb: kube.VerbWatch}
+	info := request.Info{Resource: pods, Namespace: "ns1", Verb: request.VerbWatch}
 
 	st := stateRequest(info, sel, rv.WatchPlan{Mode: rv.WatchFromState, Rev: 7, Consistent: true})
 	if !st.InitialEvents || st.MinRevision != 7 || !st.Consistent || st.AfterRevision != 0 {

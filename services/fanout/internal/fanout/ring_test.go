@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
@@ -26,7 +26,7 @@ func TestRingBounds(t *testing.T) {
 	pods := podsResource(t)
 	obj := bytes.Repeat([]byte("x"), 1000)
 	cost := newItem(&heraldv1.Event{Object: obj}).cost()
-	all, err := kube.ParseSelector(pods, "", "", "")
+	all, err := request.ParseSelector(pods, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,19 +81,19 @@ func TestRingBounds(t *testing.T) {
 // writers are urged from inside the dispatch), where head stood.
 func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 	pods := podsResource(t)
-	all, err := kube.ParseSelector(pods, "", "", "")
+	all, err := request.ParseSelector(pods, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := newHub(pods, nil, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(prometheus.NewRegistry()), clock.RealClock{})
 	h.isSynced, h.ringStart = true, 10
 	h.head.Store(10)
-	onlyB, err := kube.ParseSelector(pods, "", "x=b", "")
+	onlyB, err := request.ParseSelector(pods, "", "x=b", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var seen []int64
-	for _, sel := range []*kube.Selector{all, onlyB} { // full at the first event of 11, at the second
+	for _, sel := range []*request.Selector{all, onlyB} { // full at the first event of 11, at the second
 		w := newWatcher(sel, 0, 1<<20)
 		w.notify = func(urgent bool) {
 			if w.behind.Load() {
@@ -124,8 +124,8 @@ func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 // writer.
 func TestWatcherBehindCatchesUpFromTheRing(t *testing.T) {
 	pods := podsResource(t)
-	sel := func(ns string) *kube.Selector {
-		s, err := kube.ParseSelector(pods, ns, "", "")
+	sel := func(ns string) *request.Selector {
+		s, err := request.ParseSelector(pods, ns, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +238,7 @@ func seq(from, to, step int64) (s []int64) {
 // does; an empty queue takes an event of any size.
 func TestWatcherFallsBehindBetweenRevisions(t *testing.T) {
 	pods := podsResource(t)
-	all, err := kube.ParseSelector(pods, "", "", "")
+	all, err := request.ParseSelector(pods, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestWatcherFallsBehindBetweenRevisions(t *testing.T) {
 // client whose stream ended after such a bookmark would resume past it.
 func TestBookmarkTickWaitsForAWatcherBehind(t *testing.T) {
 	pods := podsResource(t)
-	all, err := kube.ParseSelector(pods, "", "", "")
+	all, err := request.ParseSelector(pods, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestBookmarkTickWaitsForAWatcherBehind(t *testing.T) {
 // watch's own bytes.
 func TestItemsSharedByMany(t *testing.T) {
 	pods := podsResource(t)
-	all, err := kube.ParseSelector(pods, "", "", "")
+	all, err := request.ParseSelector(pods, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service/watchmux"
 )
@@ -76,7 +76,7 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 		it.shared = shared
 		for range watchers {
 			w := &watcher{max: 10, maxBytes: 1 << 20}
-			w.push(it, kube.AsModified, int64(len(obj)))
+			w.push(it, request.AsModified, int64(len(obj)))
 		}
 		return it
 	}
@@ -108,7 +108,7 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 			ps := newStream(plain)
 			for _, s := range []*stream{st, ps} {
 				for _, it := range tc.items {
-					s.event(it, kube.AsModified)
+					s.event(it, request.AsModified)
 				}
 				s.bookmark(99, false)
 				s.flush()
@@ -139,7 +139,7 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 			}
 			for _, it := range tc.items {
 				rev := it.ev.Revision
-				if got := shared[unsafe.SliceData(it.line(kube.AsModified))]; got != tc.byRefRevs[rev] {
+				if got := shared[unsafe.SliceData(it.line(request.AsModified))]; got != tc.byRefRevs[rev] {
 					t.Errorf("revision %d went by reference: %v, want %v", rev, got, tc.byRefRevs[rev])
 				}
 			}

@@ -34,6 +34,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
@@ -193,8 +194,8 @@ func (s *Server) retire(h *hub) bool {
 }
 
 // learnWait bounds how long a watch of a custom resource this replica does
-// not serve yet waits for it to learn the resource's CRD (kube.Registry's
-// AwaitRequest): kube-apiserver's own bound on a read waiting for its cache.
+// not serve yet waits for it to learn the resource's CRD (request.Await):
+// kube-apiserver's own bound on a read waiting for its cache.
 const learnWait = 3 * time.Second
 
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
@@ -209,19 +210,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	// Frontdoor resolved the path; a custom resource it has learned may
 	// take this replica a moment more.
-	info, err := s.reg.AwaitRequest(r.Context(), learnWait, r.URL.Path, q)
+	info, err := request.Await(r.Context(), s.reg, learnWait, r.URL.Path, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
 	}
-	if info.Verb != kube.VerbWatch {
+	if info.Verb != request.VerbWatch {
 		kube.WriteStatus(w, badRequest("this server only serves watch requests"))
 		return
 	}
 	// Frontdoor has validated the options and forwarded them as parsed
-	// (kube.WatchRequest.Query); decoding them with the same parser
+	// (request.WatchRequest.Query); decoding them with the same parser
 	// cannot read anything else into them.
-	wr, err := kube.ParseWatch(info, q)
+	wr, err := request.ParseWatch(info, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
@@ -314,7 +315,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // begin starts the watch (Server.start), with e (if any) held: the
 // catch-up is this goroutine's to write. A watch that failed to start gets
 // the ERROR event; a resumed one, a bookmark.
-func (s *Server) begin(ctx context.Context, st *stream, h *hub, wt *watcher, e *paced, info kube.RequestInfo, wr *kube.WatchRequest) (last int64, err error) {
+func (s *Server) begin(ctx context.Context, st *stream, h *hub, wt *watcher, e *paced, info request.Info, wr *request.WatchRequest) (last int64, err error) {
 	if e != nil {
 		e.mu.Lock()
 		defer func() {
@@ -396,7 +397,7 @@ func (s *Server) servePaced(ctx context.Context, st *stream, h *hub, e *paced, l
 // thousands of kubelets). Like every watcher's request, it takes updates
 // that left labels and selectable fields alone without their previous
 // state (transition needs none for them).
-func stateRequest(info kube.RequestInfo, sel *kube.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
+func stateRequest(info request.Info, sel *request.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 		InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
 		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
@@ -404,14 +405,14 @@ func stateRequest(info kube.RequestInfo, sel *kube.Selector, plan rv.WatchPlan) 
 
 // replayRequest asks the cache for a watcher's events after revision
 // after, when the hub's ring no longer holds them.
-func replayRequest(info kube.RequestInfo, sel *kube.Selector, after int64) *heraldv1.WatchRequest {
+func replayRequest(info request.Info, sel *request.Selector, after int64) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: after,
 		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
 }
 
 // start sends the initial events (if any) and catches the watcher up until
 // it has joined the hub; it returns the revision it joined after.
-func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info kube.RequestInfo, plan rv.WatchPlan) (int64, error) {
+func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info request.Info, plan rv.WatchPlan) (int64, error) {
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
@@ -493,7 +494,7 @@ func startError(err error, plan rv.WatchPlan) error {
 // initialState writes the synthetic ADDED events of the state and returns
 // its revision (the cache client assembles one consistent state across a
 // split resource's shards).
-func (s *Server) initialState(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
+func (s *Server) initialState(ctx context.Context, st *stream, sel *request.Selector, req *heraldv1.WatchRequest) (int64, error) {
 	var rev int64
 	err := cacheclient.ReadEvents(ctx, s.cache, req, func(ev *heraldv1.Event) bool {
 		if ev.Type == heraldv1.EventType_BOOKMARK {
@@ -517,7 +518,7 @@ func (s *Server) initialState(ctx context.Context, st *stream, sel *kube.Selecto
 // (a slow client slows the replay through the gRPC stream's flow control),
 // and the replay ends as soon as the client is gone. At most
 // --replay.concurrency replays run at once.
-func (s *Server) replay(ctx context.Context, st *stream, sel *kube.Selector, req *heraldv1.WatchRequest) (int64, error) {
+func (s *Server) replay(ctx context.Context, st *stream, sel *request.Selector, req *heraldv1.WatchRequest) (int64, error) {
 	release, err := s.replays.Acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -911,7 +912,7 @@ func (st *stream) write(b []byte) {
 	_, st.err = st.w.Write(b)
 }
 
-func (st *stream) event(it *item, t kube.Transition) {
+func (st *stream) event(it *item, t request.Transition) {
 	b, err := st.enc.encoded(it, st.f, t, !st.tableCols)
 	if err != nil {
 		// kube-apiserver ends a watch whose event it cannot encode; the
@@ -943,8 +944,8 @@ func (st *stream) event(it *item, t kube.Transition) {
 }
 
 // send writes it if sel's watcher sees it.
-func (st *stream) send(it *item, sel *kube.Selector) {
-	if t := it.transition(sel); t != kube.Skip {
+func (st *stream) send(it *item, sel *request.Selector) {
+	if t := it.transition(sel); t != request.Skip {
 		st.event(it, t)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
 )
@@ -61,7 +62,7 @@ func BenchmarkEventTracing(b *testing.B) {
 				if i < 10 {
 					ns = "default"
 				}
-				sel, _ := kube.ParseSelector(res, ns, "", "")
+				sel, _ := request.ParseSelector(res, ns, "", "")
 				w := newWatcher(sel, 1024, 64<<20)
 				h.watchers.add(w)
 				ws = append(ws, w)

@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 )
 
 // Reasons a watcher is closed by the server.
@@ -23,7 +23,7 @@ const (
 
 type queued struct {
 	it *item
-	t  kube.Transition
+	t  request.Transition
 }
 
 // watcher is one client watch stream. The hub's dispatch pushes into its
@@ -35,7 +35,7 @@ type queued struct {
 // is it closed: the client resumes from the last resourceVersion it
 // received.
 type watcher struct {
-	sel *kube.Selector
+	sel *request.Selector
 	// after: the watcher has been given every event up to this revision
 	// before joining the hub; dispatch skips those. Written before join,
 	// read under the hub's lock.
@@ -86,13 +86,13 @@ type watcher struct {
 	onClose func(reason string)
 }
 
-func newWatcher(sel *kube.Selector, events, bytes int) *watcher {
+func newWatcher(sel *request.Selector, events, bytes int) *watcher {
 	return &watcher{sel: sel, max: events, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), maxBytes: int64(bytes), done: make(chan struct{})}
 }
 
 // enqueue hands the watcher one event; false means its queue is full (in
 // events or bytes), and the event was not queued.
-func (w *watcher) enqueue(it *item, t kube.Transition) bool {
+func (w *watcher) enqueue(it *item, t request.Transition) bool {
 	n := int64(len(it.object(t)))
 	w.mu.Lock()
 	k, total, ok := w.push(it, t, n)
@@ -124,7 +124,7 @@ func (w *watcher) enqueue(it *item, t kube.Transition) bool {
 // behind inside a revision (a transaction's events), so that one the ring
 // passes has been handed whole revisions, and its client, which resumes
 // after the last revision it received, misses none. Called with mu held.
-func (w *watcher) push(it *item, t kube.Transition, n int64) (k int, total int64, ok bool) {
+func (w *watcher) push(it *item, t request.Transition, n int64) (k int, total int64, ok bool) {
 	rev := it.ev.Revision
 	if rev != w.lastRev && (len(w.pending) >= w.max || len(w.pending) > 0 && w.bytes.Load()+n > w.maxBytes) {
 		return 0, 0, false

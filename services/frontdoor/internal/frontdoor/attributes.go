@@ -10,7 +10,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/filters"
 	"k8s.io/apiserver/pkg/endpoints/request"
 
-	"herald.dev/libs/kube"
+	kuberequest "herald.dev/libs/kube/request"
 )
 
 // attributes describe one request to authorize: exactly what
@@ -62,8 +62,8 @@ func requestAttributes(r *http.Request, u *User) (attributes, error) {
 // messages, field labels the resource does not have), and so are selectors
 // larger together than max bytes. kube-apiserver itself bounds them only by
 // its 1 MiB of request headers.
-func checkSelectors(info kube.RequestInfo, q url.Values, max int) error {
-	if info.Verb != kube.VerbList && info.Verb != kube.VerbWatch {
+func checkSelectors(info kuberequest.Info, q url.Values, max int) error {
+	if info.Verb != kuberequest.VerbList && info.Verb != kuberequest.VerbWatch {
 		return nil // a GET's options have no selectors
 	}
 	n := 0
@@ -75,8 +75,8 @@ func checkSelectors(info kube.RequestInfo, q url.Values, max int) error {
 	if n > max {
 		return badRequest(fmt.Sprintf("fieldSelector and labelSelector together are %d bytes, more than the %d this server accepts (max-selector-bytes)", n, max))
 	}
-	if _, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), q.Get("fieldSelector")); err != nil {
-		return kube.OptionError(err)
+	if _, err := kuberequest.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), q.Get("fieldSelector")); err != nil {
+		return kuberequest.OptionError(err)
 	}
 	return nil
 }
@@ -86,7 +86,7 @@ func checkSelectors(info kube.RequestInfo, q url.Values, max int) error {
 // name the verb, group, resource and object that frontdoor serves, or the
 // decision would be about another request (a 500, as for a request info
 // kube-apiserver cannot build).
-func servedAttributes(r *http.Request, u *User, info kube.RequestInfo) (attributes, error) {
+func servedAttributes(r *http.Request, u *User, info kuberequest.Info) (attributes, error) {
 	a, err := requestAttributes(r, u)
 	if err != nil {
 		return attributes{}, apierrors.NewInternalError(err)

@@ -35,6 +35,8 @@ import (
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+
+	kuberequest "herald.dev/libs/kube/request"
 )
 
 // Cluster mode's authentication and authorization come from the cluster,
@@ -367,6 +369,6 @@ func (s *Server) servedHere(r *http.Request) bool {
 	if s.nonResource(r.URL.Path) != nil {
 		return true
 	}
-	_, err := s.reg.ParseRequest(r.URL.Path, r.URL.Query())
+	_, err := kuberequest.Parse(s.reg, r.URL.Path, r.URL.Query())
 	return err == nil
 }

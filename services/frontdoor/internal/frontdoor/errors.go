@@ -11,7 +11,7 @@ import (
 
 // The frontdoor's own errors, as the Kubernetes API errors a client gets.
 // Errors of the cache come through kube.FromGRPC; option errors found here
-// are mapped the same way (kube.OptionError), so a client sees the same
+// are mapped the same way (request.OptionError), so a client sees the same
 // Status whichever hop rejected its request.
 
 // badRequest is a 400 with msg.

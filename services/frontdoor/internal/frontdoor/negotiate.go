@@ -11,6 +11,7 @@ import (
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/printers"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 )
@@ -31,7 +32,7 @@ func (s *Server) custom(r *kube.Resource) bool { return !s.codec.Typed(r.GroupVe
 // negotiate is kube-apiserver's first negotiation of a resource request,
 // its router's and then its handler's: 406 before anything else about the
 // request is looked at.
-func (s *Server) negotiate(r *http.Request, info kube.RequestInfo) (storage.Negotiated, error) {
+func (s *Server) negotiate(r *http.Request, info request.Info) (storage.Negotiated, error) {
 	custom := s.custom(info.Resource)
 	if err := s.neg.Route(r, custom, info.Name == ""); err != nil {
 		return storage.Negotiated{}, err
@@ -41,7 +42,7 @@ func (s *Server) negotiate(r *http.Request, info kube.RequestInfo) (storage.Nego
 
 // negotiateWatch is the watch's second negotiation (its stream's media
 // type: a watch cannot be YAML), after its options were validated.
-func (s *Server) negotiateWatch(r *http.Request, info kube.RequestInfo) error {
+func (s *Server) negotiateWatch(r *http.Request, info request.Info) error {
 	_, err := s.neg.NegotiateStream(r, s.custom(info.Resource))
 	return err
 }
@@ -50,7 +51,7 @@ func (s *Server) negotiateWatch(r *http.Request, info kube.RequestInfo) error {
 // Content-Type and bytes. Errors are API errors (406 for a transformation
 // the response cannot take) or, for values the cache should never have
 // handed out, internal ones.
-func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n storage.Negotiated, include printers.IncludeObject, now time.Time) (string, []byte, error) {
+func (s *Server) body(info request.Info, resp *heraldv1.ListResponse, n storage.Negotiated, include printers.IncludeObject, now time.Time) (string, []byte, error) {
 	res := info.Resource
 	gvk := res.GroupVersionKind()
 	custom := s.custom(res)

@@ -27,6 +27,7 @@ import (
 	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
@@ -251,7 +252,7 @@ func (b *backend) load() int64 {
 // attempt is the outcome of proxying a watch to one replica.
 type attempt struct {
 	user  *User
-	query string // the watch's options, as parsed (kube.WatchRequest.Query)
+	query string // the watch's options, as parsed (request.WatchRequest.Query)
 	last  bool   // no replica left to retry on: pass a 503 through
 	err   error  // the replica failed before the response started
 	// cancel aborts the upstream request; done unregisters a streaming
@@ -517,7 +518,7 @@ func (p *fanoutPool) order() []*backend {
 
 // serve proxies one authorized watch, wr its parsed options; started runs
 // (at most once) when a replica's response starts.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *kube.WatchRequest, started func(), end *requestEnd) {
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *request.WatchRequest, started func(), end *requestEnd) {
 	order := p.order()
 	query := wr.Query().Encode()
 	for i, b := range order {

@@ -56,7 +56,7 @@ func TestFanoutRetry(t *testing.T) {
 }
 
 // TestWatchForwardedAsParsed: fanout receives a watch's options in their
-// canonical encoding (kube.WatchRequest.Query), whatever else or however
+// canonical encoding (request.WatchRequest.Query), whatever else or however
 // the client spelled them; a bad option never reaches a replica.
 func TestWatchForwardedAsParsed(t *testing.T) {
 	var got []string

@@ -73,6 +73,7 @@ import (
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/printers"
+	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
@@ -439,7 +440,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if ae.verb != "" {
 			s.m.requests.WithLabelValues(ae.verb, ae.resource, strconv.Itoa(code)).Inc()
-			if ae.verb != string(kube.VerbWatch) {
+			if ae.verb != string(request.VerbWatch) {
 				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
 			}
 		}
@@ -539,7 +540,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	info, err := s.reg.ParseRequest(r.URL.Path, q)
+	info, err := request.Parse(s.reg, r.URL.Path, q)
 	if err != nil {
 		s.writeStatus(rec, r, err)
 		return
@@ -572,11 +573,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeStatus(rec, r, err)
 		return
 	}
-	if info.Verb == kube.VerbWatch {
+	if info.Verb == request.VerbWatch {
 		rec.writeTimeout = 0 // nothing written yet; a watch is long-running
 		// Validated here, once, so that a bad request costs no connection
 		// to a replica; fanout gets the request as parsed.
-		wr, err := kube.ParseWatch(info, q)
+		wr, err := request.ParseWatch(info, q)
 		if err != nil {
 			s.writeStatus(rec, r, err)
 			return
@@ -709,7 +710,7 @@ func identityMetadata(ctx context.Context, u *User) context.Context {
 }
 
 // listRequest validates a LIST or GET's options before the cache sees them.
-func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, error) {
+func listRequest(info request.Info, q url.Values) (*heraldv1.ListRequest, error) {
 	prefix := info.Resource.NamespacePrefix(info.Namespace)
 	if info.Name != "" {
 		// A GET reads GetOptions, whose only option is resourceVersion:
@@ -717,7 +718,7 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 		// resourceVersionMatch) on it.
 		req := &heraldv1.ListRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name, ResourceVersion: q.Get("resourceVersion")}
 		if _, err := rv.PlanList(req.ResourceVersion, "", "", 0, prefix); err != nil {
-			return nil, kube.ListPlanError(err, req.ResourceVersion)
+			return nil, request.ListPlanError(err, req.ResourceVersion)
 		}
 		return req, nil
 	}
@@ -739,14 +740,14 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	// kube-apiserver's order: the parameters' syntax, their combination
 	// (422), the field labels, then what its storage reads (the
 	// resourceVersion, the continue token).
-	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
-		return nil, kube.OptionError(err)
+	if _, err := request.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
+		return nil, request.OptionError(err)
 	}
-	if err := kube.ValidateListOptions(q); err != nil {
+	if err := request.ValidateListOptions(q); err != nil {
 		return nil, err
 	}
 	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit, prefix); err != nil {
-		return nil, kube.ListPlanError(err, req.ResourceVersion)
+		return nil, request.ListPlanError(err, req.ResourceVersion)
 	}
 	return req, nil
 }
@@ -754,7 +755,7 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 // list serves LIST and GET from the cache. In cluster mode it leaves a list
 // older than the cache's window unanswered (false), for kube-apiserver; one
 // at a revision etcd has compacted it answers (kube.CompactedError).
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) bool {
+func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info request.Info, req *heraldv1.ListRequest, n storage.Negotiated) bool {
 	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)

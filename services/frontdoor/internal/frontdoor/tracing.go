@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/request"
 	"herald.dev/libs/service"
 	"herald.dev/libs/storage"
 )
@@ -158,7 +158,7 @@ func (s *traceStripper) startSpan(line string) {
 // RequestSpanName names frontdoor's request spans by Kubernetes verb (for
 // the otelhttp handler that wraps the server in main).
 func RequestSpanName(_ string, r *http.Request) string {
-	if kube.WatchParam(r.URL.Query()) {
+	if request.WatchParam(r.URL.Query()) {
 		return "frontdoor WATCH"
 	}
 	if r.Method == http.MethodGet {

@@ -1,4 +1,4 @@
-package kube
+package request
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
 )
 
@@ -35,18 +36,18 @@ const (
 	VerbWatch Verb = "watch"
 )
 
-// RequestInfo is what a resource request path and its watch parameter say.
-type RequestInfo struct {
-	Resource  *Resource
+// Info is what a resource request path and its watch parameter say.
+type Info struct {
+	Resource  *kube.Resource
 	Namespace string // "" for all namespaces or cluster-scoped
 	Name      string // "" for collections
 	Verb      Verb
 }
 
-// ParseRequest resolves a resource path (/api/v1/..., /apis/g/v/...) against
+// Parse resolves a resource path (/api/v1/..., /apis/g/v/...) against
 // the registry. Errors are Kubernetes API errors (404 for unknown paths and
 // resources, 400 for malformed names, 405 for sub-resources).
-func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, error) {
+func Parse(g *kube.Registry, path string, query url.Values) (Info, error) {
 	var group, version string
 	var rest []string
 	parts := splitPath(path)
@@ -56,7 +57,7 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 	case len(parts) >= 3 && parts[0] == "apis":
 		group, version, rest = parts[1], parts[2], parts[3:]
 	default:
-		return RequestInfo{}, notFoundPath()
+		return Info{}, notFoundPath()
 	}
 	watchPath := false
 	if len(rest) > 0 && rest[0] == "watch" { // deprecated /watch/ paths
@@ -67,36 +68,36 @@ func (g *Registry) ParseRequest(path string, query url.Values) (RequestInfo, err
 		ns, rest = rest[1], rest[2:]
 	}
 	if len(rest) == 0 {
-		return RequestInfo{}, notFoundPath()
+		return Info{}, notFoundPath()
 	}
 	res, ok := g.Lookup(group, version, rest[0])
 	if !ok {
 		if version != "" && !builtinGroup(group) {
-			return RequestInfo{}, ErrNoRoute
+			return Info{}, kube.ErrNoRoute
 		}
-		return RequestInfo{}, notFoundPath()
+		return Info{}, notFoundPath()
 	}
-	info := RequestInfo{Resource: res, Namespace: ns, Verb: VerbList}
+	info := Info{Resource: res, Namespace: ns, Verb: VerbList}
 	if len(rest) > 2 { // a subresource: none is served from the cache
 		if res.Custom() {
 			// kube-apiserver's CRD handler answers a subresource the
 			// CRD does not define as a missing object.
-			return RequestInfo{}, apierrors.NewNotFound(groupResource(group, rest[0]), rest[1])
+			return Info{}, apierrors.NewNotFound(groupResource(group, rest[0]), rest[1])
 		}
-		return RequestInfo{}, notFoundPath()
+		return Info{}, notFoundPath()
 	}
 	if len(rest) == 2 {
 		info.Name, info.Verb = rest[1], VerbGet
 		if !validPathSegment(info.Name) {
-			return RequestInfo{}, apierrors.NewBadRequest(fmt.Sprintf("invalid name %q", info.Name))
+			return Info{}, apierrors.NewBadRequest(fmt.Sprintf("invalid name %q", info.Name))
 		}
 	}
 	if ns != "" && !res.Namespaced {
-		return RequestInfo{}, apierrors.NewNotFound(groupResource(group, rest[0]), info.Name)
+		return Info{}, apierrors.NewNotFound(groupResource(group, rest[0]), info.Name)
 	}
 	if ns != "" {
 		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
-			return RequestInfo{}, apierrors.NewBadRequest(fmt.Sprintf("invalid namespace %q: %s", ns, strings.Join(msgs, "; ")))
+			return Info{}, apierrors.NewBadRequest(fmt.Sprintf("invalid namespace %q: %s", ns, strings.Join(msgs, "; ")))
 		}
 	}
 	// ?watch=true turns a collection's GET into a watch; on a named object
@@ -117,20 +118,20 @@ func WatchParam(query url.Values) bool {
 	return len(v) > 0 && v[0] != "0" && !strings.EqualFold(v[0], "false")
 }
 
-// AwaitRequest is ParseRequest for a hop serving a request another hop has
+// Await is Parse for a hop serving a request another hop has
 // resolved (fanout, after frontdoor): each learns custom resources from the
 // CRDs on its own, so a path under a group with no built-in handler
-// (ErrNoRoute) may name a custom resource this registry is about to learn.
+// (kube.ErrNoRoute) may name a custom resource this registry is about to learn.
 // It waits for the registry to change, at most d, and parses again.
-func (g *Registry) AwaitRequest(ctx context.Context, d time.Duration, path string, query url.Values) (RequestInfo, error) {
+func Await(ctx context.Context, g *kube.Registry, d time.Duration, path string, query url.Values) (Info, error) {
 	changed := g.Changed()
-	info, err := g.ParseRequest(path, query)
-	if !errors.Is(err, ErrNoRoute) {
+	info, err := Parse(g, path, query)
+	if !errors.Is(err, kube.ErrNoRoute) {
 		return info, err
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
-	for errors.Is(err, ErrNoRoute) {
+	for errors.Is(err, kube.ErrNoRoute) {
 		select {
 		case <-changed:
 		case <-timer.C:
@@ -139,7 +140,7 @@ func (g *Registry) AwaitRequest(ctx context.Context, d time.Duration, path strin
 			return info, err
 		}
 		changed = g.Changed()
-		info, err = g.ParseRequest(path, query)
+		info, err = Parse(g, path, query)
 	}
 	return info, err
 }
@@ -155,13 +156,6 @@ func splitPath(path string) []string {
 func validPathSegment(s string) bool {
 	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/%")
 }
-
-// ErrNoRoute is a path under a group kube-apiserver has no built-in
-// handler for (an unknown group, or a custom resource's group, which
-// apiextensions-apiserver serves): kube-apiserver answers it from its last
-// handler, with a plain-text "404 page not found" rather than a Status.
-// WriteStatus writes it so.
-var ErrNoRoute = errors.New("404 page not found")
 
 // notFoundPath is kube-apiserver's 404 for a path no route serves (an
 // unknown version, resource or subresource): "the server could not find the
@@ -204,7 +198,7 @@ type WatchRequest struct {
 // Errors are the Kubernetes Status errors kube-apiserver returns: 400 for a
 // malformed value or selector, 422 for an invalid combination of
 // resourceVersion, resourceVersionMatch and sendInitialEvents.
-func ParseWatch(info RequestInfo, q url.Values) (*WatchRequest, error) {
+func ParseWatch(info Info, q url.Values) (*WatchRequest, error) {
 	w := &WatchRequest{
 		LabelSelector: q.Get("labelSelector"), FieldSelector: q.Get("fieldSelector"),
 		ResourceVersion: q.Get("resourceVersion"), ResourceVersionMatch: q.Get("resourceVersionMatch"),
@@ -281,14 +275,14 @@ func (w *WatchRequest) Query() url.Values {
 
 // OptionError maps an error of libs/rv (resourceVersion, continue tokens)
 // or of selector parsing to its Kubernetes Status: malformed values are 400,
-// invalid combinations 422 (as the cache's gRPC errors map in FromGRPC, so a
+// invalid combinations 422 (as the cache's gRPC errors map in kube.FromGRPC, so a
 // client sees the same Status whichever hop rejected its request).
 func OptionError(err error) error {
 	switch {
 	case errors.Is(err, rv.ErrMalformed):
-		return FromGRPC(status.Error(codes.InvalidArgument, err.Error()))
+		return kube.FromGRPC(status.Error(codes.InvalidArgument, err.Error()))
 	case errors.Is(err, rv.ErrInvalidCombination):
-		return FromGRPC(status.Error(codes.FailedPrecondition, err.Error()))
+		return kube.FromGRPC(status.Error(codes.FailedPrecondition, err.Error()))
 	}
 	var api apierrors.APIStatus
 	if errors.As(err, &api) {

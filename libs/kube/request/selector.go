@@ -1,14 +1,14 @@
-package kube
+package request
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/kube"
 )
 
 // Selector decides which objects of one resource a request sees: a
@@ -23,7 +23,7 @@ type Selector struct {
 
 // ParseSelector parses and validates labelSelector and fieldSelector for r.
 // A field the resource cannot select on is a 400, as in kube-apiserver.
-func ParseSelector(r *Resource, namespace, labelSelector, fieldSelector string) (*Selector, error) {
+func ParseSelector(r *kube.Resource, namespace, labelSelector, fieldSelector string) (*Selector, error) {
 	// kube-apiserver's messages are the parsers' own errors (its
 	// parameter codec's) and its scheme's field label conversion's.
 	ls, err := labels.Parse(labelSelector)
@@ -35,8 +35,8 @@ func ParseSelector(r *Resource, namespace, labelSelector, fieldSelector string) 
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
 	for _, req := range fs.Requirements() {
-		if !r.selectable(req.Field) {
-			return nil, apierrors.NewBadRequest(r.unknownFieldLabel(req.Field))
+		if !r.Selectable(req.Field) {
+			return nil, apierrors.NewBadRequest(r.UnknownFieldLabel(req.Field))
 		}
 	}
 	return &Selector{
@@ -50,45 +50,6 @@ func ParseSelector(r *Resource, namespace, labelSelector, fieldSelector string) 
 // Everything selects every object of the namespace (or of all namespaces).
 func Everything(namespace string) *Selector {
 	return &Selector{Namespace: namespace, Labels: labels.Everything(), Fields: fields.Everything(), Empty: true}
-}
-
-// unknownFieldLabel is how kube-apiserver refuses a field label r does not
-// have: the words of the kind's field label conversion function
-// (pkg/apis/<group>/<version>/conversion.go), or of
-// runtime.DefaultMetaV1FieldSelectorConversion for a built-in kind that
-// registers none; custom resources' as apiextensions-apiserver words it.
-func (r *Resource) unknownFieldLabel(label string) string {
-	switch {
-	case !r.builtin:
-	case r.Group == "batch" && r.Kind == "Job":
-		return fmt.Sprintf("field label %q not supported for Job", label)
-	case r.Group == "resource.k8s.io" && r.Kind == "ResourceSlice":
-		return fmt.Sprintf("field label not supported for %s: %s", schema.GroupVersionKind{Group: r.Group, Version: r.Version, Kind: r.Kind}, label)
-	case defaultFieldLabels(r.stored.FieldLabels):
-		return fmt.Sprintf("%q is not a known field selector: only %q, %q", label, "metadata.name", "metadata.namespace")
-	}
-	return "field label not supported: " + label
-}
-
-// defaultFieldLabels reports whether labels are those of
-// runtime.DefaultMetaV1FieldSelectorConversion (the kind registers no field
-// label conversion of its own).
-func defaultFieldLabels(labels map[string]string) bool {
-	_, name := labels["metadata.name"]
-	_, ns := labels["metadata.namespace"]
-	return len(labels) == 2 && name && ns
-}
-
-func (r *Resource) selectable(field string) bool {
-	if field == "metadata.name" || (field == "metadata.namespace" && r.Namespaced) {
-		return true
-	}
-	for _, f := range r.Fields {
-		if f.Name == field {
-			return true
-		}
-	}
-	return false
 }
 
 // Matches reports whether an object with these namespace, labels and fields
