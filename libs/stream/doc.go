@@ -1,8 +1,9 @@
 // Package stream owns the rules of Herald's JetStream event stream: the one
 // place that knows how an etcd revision becomes stream messages and how
-// stream messages become watch events again. ingest writes with it, every
-// cache shard (and its deep replay) reads with it; neither spells any of
-// these rules itself.
+// stream messages become changes again. ingest writes with it, every cache
+// shard (and its deep replay) reads with it; neither spells any of these
+// rules itself. It does not decode the objects in the changes: a reader
+// does (the cache's watchevent package turns a change into a watch event).
 //
 // It owns:
 //   - subjects: where a revision's record goes ("herald.ev.<resource>.<partition>",
@@ -15,8 +16,7 @@
 //   - reassembly of split revisions and fragmented changes (assemble.go);
 //   - reading: a record at a stream sequence, the last record, the first
 //     sequence after a revision, where the stream's complete history starts,
-//     and etcd's current revision through the one rev-probe key (read.go);
-//   - Change → Event: the watch event one change makes (event.go).
+//     and etcd's current revision through the one rev-probe key (read.go).
 //
 // Invariants of the stream, which these rules exist to keep:
 //   - Every etcd revision is in the stream once, in etcd's order: records'

@@ -15,6 +15,7 @@ import (
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/stream"
+	"herald.dev/services/cache/internal/watchevent"
 )
 
 // deepReplay sends the events of rs (in namespace, or all) with revisions in
@@ -147,7 +148,7 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}
-	ev, obj, err := stream.Event(ctx, s.history, r, ns, name, rev, c, func() (*kube.Object, error) {
+	ev, obj, err := watchevent.FromChange(ctx, s.history, r, ns, name, rev, c, func() (*kube.Object, error) {
 		switch {
 		case c.Kind == heraldv1.Change_DELETE:
 			return seen[c.Key], nil

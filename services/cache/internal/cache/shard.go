@@ -45,6 +45,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
 	"herald.dev/libs/stream"
+	"herald.dev/services/cache/internal/watchevent"
 )
 
 type metrics struct {
@@ -703,7 +704,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				}
 				continue
 			}
-			ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
+			ev, obj, err := watchevent.FromChange(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
 			if err != nil {
 				s.skipUndecodable(r, c.Key, rev, err)
 				continue

@@ -1,4 +1,4 @@
-package stream
+package watchevent
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
-func TestEvent(t *testing.T) {
+func TestFromChange(t *testing.T) {
 	reg := testRegistry(t)
 	pods := resource(t, reg, "pods")
 	const key = "/registry/pods/default/a"
@@ -61,7 +61,7 @@ func TestEvent(t *testing.T) {
 		{"unknown kind", &heraldv1.Change{Key: key, Value: v2}, failing,
 			0, false, false, nil},
 	} {
-		ev, obj, err := Event(context.Background(), dec, pods, "default", "a", 10, tc.c, tc.prev)
+		ev, obj, err := FromChange(context.Background(), dec, pods, "default", "a", 10, tc.c, tc.prev)
 		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.wantErr)
 		}
@@ -121,8 +121,8 @@ func TestEventCallsPrevOnlyWhenNeeded(t *testing.T) {
 	}
 	calls := 0
 	prev := func() (*kube.Object, error) { calls++; return nil, nil }
-	Event(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{Kind: heraldv1.Change_PUT, Value: []byte("[]")}, prev)
-	Event(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{}, prev)
+	FromChange(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{Kind: heraldv1.Change_PUT, Value: []byte("[]")}, prev)
+	FromChange(context.Background(), dec, pods, "default", "a", 3, &heraldv1.Change{}, prev)
 	if calls != 0 {
 		t.Errorf("prev called %d times", calls)
 	}
@@ -160,7 +160,7 @@ func TestEventPrevUnchanged(t *testing.T) {
 		{"selectable field changed", pod(`{"app":"x"}`, "n2", "i1"), false},
 	} {
 		c := &heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: tc.value, CreateRevision: 5}
-		ev, _, err := Event(context.Background(), dec, pods, "default", "a", 10, c, func() (*kube.Object, error) { return old, nil })
+		ev, _, err := FromChange(context.Background(), dec, pods, "default", "a", 10, c, func() (*kube.Object, error) { return old, nil })
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -173,10 +173,28 @@ func TestEventPrevUnchanged(t *testing.T) {
 			t.Errorf("%s: previous object %s, fields %v", tc.name, ev.PrevObject, ev.PrevFields)
 		}
 	}
-	created, _, err := Event(context.Background(), dec, pods, "default", "a", 10,
+	created, _, err := FromChange(context.Background(), dec, pods, "default", "a", 10,
 		&heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: pod(`{"app":"x"}`, "n1", "i1"), CreateRevision: 10},
 		func() (*kube.Object, error) { return nil, nil })
 	if err != nil || created.Type != heraldv1.EventType_ADDED || created.PrevUnchanged {
 		t.Errorf("create: %v, prev_unchanged %v, err %v; want ADDED, false", created.GetType(), created.GetPrevUnchanged(), err)
 	}
+}
+
+func testRegistry(t testing.TB) *kube.Registry {
+	t.Helper()
+	reg, err := kube.NewRegistry(kube.DefaultPrefix, kube.DefaultResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func resource(t testing.TB, reg *kube.Registry, id string) *kube.Resource {
+	t.Helper()
+	r, ok := reg.ByID(id)
+	if !ok {
+		t.Fatalf("no resource %s", id)
+	}
+	return r
 }

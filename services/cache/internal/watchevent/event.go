@@ -1,4 +1,14 @@
-package stream
+// Package watchevent owns the step from a stored change to the watch event
+// a consumer of the JetStream stream serves (the cache's shards and its deep
+// replay): the change's value decoded once, as an object of its resource,
+// and ADDED, MODIFIED or DELETED decided from what the consumer knew of the
+// object just before. libs/stream reads the records; this package decodes.
+//
+// Invariants: a value that cannot be served is an error and no event, never
+// a partial one; a delete makes an event only for an object that was
+// served (known to the consumer, or a previous value that decodes). It
+// keeps no state: the consumer passes what it knew.
+package watchevent
 
 import (
 	"context"
@@ -27,7 +37,7 @@ type ProtobufDecoder interface {
 
 var _ ProtobufDecoder = (*kube.Decoder)(nil)
 
-// Event makes the watch event of change c, at revision rev, to the object
+// FromChange makes the watch event of change c, at revision rev, to the object
 // name in namespace of resource r (as the registry parsed c.Key), reading
 // stored values with dec (the consumer's one way to decode a value). prev
 // returns the object as the consumer knows it just before rev, nil when it
@@ -41,7 +51,7 @@ var _ ProtobufDecoder = (*kube.Decoder)(nil)
 // kube.ErrInvalidObject) for a PUT whose value cannot be served as an object
 // of r (corrupt, undecryptable, stripped by ingest for its size, ...), which
 // consumers skip; otherwise it is prev's error.
-func Event(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespace, name string, rev int64, c *heraldv1.Change, prev func() (*kube.Object, error)) (ev *heraldv1.Event, obj *kube.Object, err error) {
+func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespace, name string, rev int64, c *heraldv1.Change, prev func() (*kube.Object, error)) (ev *heraldv1.Event, obj *kube.Object, err error) {
 	ev = &heraldv1.Event{Revision: rev, Namespace: namespace, Name: name}
 	switch c.Kind {
 	case heraldv1.Change_PUT:
