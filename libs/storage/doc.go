@@ -2,11 +2,10 @@
 // what it serves from it, for reading: the built-in resource table (key
 // layout, storage version, scope, short names, categories, field labels),
 // kube-apiserver's EncryptionConfiguration and its value transformers, the
-// decoding of one stored value into an object, the encodings a client can
-// ask for (JSON, protobuf, PartialObjectMetadata, YAML, the watch stream
-// framings: served.go) and kube-apiserver's content negotiation of them
-// (negotiate.go: its own negotiation package, plus the restrictions its
-// router and request scopes add).
+// decoding of one stored value into an object, and the encodings a client
+// can ask for (JSON, protobuf, PartialObjectMetadata, YAML, the watch stream
+// framings: served.go). Which of them an HTTP request gets (kube-apiserver's
+// content negotiation) is libs/kube/negotiate's.
 //
 // It uses the ecosystem's own codecs only: k8s.io/api types in a private
 // scheme, k8s.io/apimachinery's JSON and protobuf serializers (the storage

@@ -25,6 +25,25 @@ import (
 // (kube's meta.AsPartialObjectMetadata of the object), YAML (kube's YAML
 // serializer: its JSON converted), and the watch stream framings.
 
+// Media types Herald serves, in kube-apiserver's order of preference (the
+// order of its codec factory: the first one answers an empty Accept or
+// "*/*").
+const (
+	MediaJSON     = runtime.ContentTypeJSON
+	MediaYAML     = runtime.ContentTypeYAML
+	MediaProtobuf = runtime.ContentTypeProtobuf
+	// MediaProtobufWatch is the Content-Type of a protobuf watch stream.
+	MediaProtobufWatch = runtime.ContentTypeProtobuf + ";stream=watch"
+)
+
+// Kinds a client may ask a response to be transformed into (the "as"
+// parameter, with g=meta.k8s.io and v=v1 or v1beta1).
+const (
+	KindTable                     = "Table"
+	KindPartialObjectMetadata     = "PartialObjectMetadata"
+	KindPartialObjectMetadataList = "PartialObjectMetadataList"
+)
+
 // DecodeServed decodes the JSON of a built-in object of kind gvk, as served,
 // into its Go type, to be encoded as protobuf. Custom resources have no Go
 // type: ErrNoProtobuf.

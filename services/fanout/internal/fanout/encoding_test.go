@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/negotiate"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
@@ -198,7 +199,7 @@ func TestBookmarkAndErrorEvents(t *testing.T) {
 // A watch's format is kube-apiserver's negotiation; what it refuses is a
 // 406.
 func TestNegotiateWatch(t *testing.T) {
-	s := &Server{neg: storage.NewNegotiator()}
+	s := &Server{neg: negotiate.NewNegotiator()}
 	var err error
 	if s.codec, err = storage.NewCodec(nil); err != nil {
 		t.Fatal(err)

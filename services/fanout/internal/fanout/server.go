@@ -34,6 +34,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/negotiate"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
@@ -82,8 +83,8 @@ type Server struct {
 	// replays bounds the catch-ups from the caches running at once.
 	replays *service.Queue
 
-	codec *storage.Codec      // protobuf and metadata encodings
-	neg   *storage.Negotiator // content negotiation
+	codec *storage.Codec        // protobuf and metadata encodings
+	neg   *negotiate.Negotiator // content negotiation
 
 	mu       sync.Mutex
 	hubs     map[string]*hub
@@ -114,7 +115,7 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, reg: reg, m: newMetrics(promReg), ctx: ctx, clock: clock.RealClock{}, hubs: map[string]*hub{},
-		codec: codec, neg: storage.NewNegotiator(),
+		codec: codec, neg: negotiate.NewNegotiator(),
 		replays: service.NewQueue(cfg.Replays, promReg, "herald_fanout_replays", "Watch catch-ups streamed from the caches (resumes older than the ring)")}
 	for _, o := range opts {
 		o(s)

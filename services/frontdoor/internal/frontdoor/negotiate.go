@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/negotiate"
 	"herald.dev/libs/kube/printers"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -32,10 +33,10 @@ func (s *Server) custom(r *kube.Resource) bool { return !s.codec.Typed(r.GroupVe
 // negotiate is kube-apiserver's first negotiation of a resource request,
 // its router's and then its handler's: 406 before anything else about the
 // request is looked at.
-func (s *Server) negotiate(r *http.Request, info request.Info) (storage.Negotiated, error) {
+func (s *Server) negotiate(r *http.Request, info request.Info) (negotiate.Negotiated, error) {
 	custom := s.custom(info.Resource)
 	if err := s.neg.Route(r, custom, info.Name == ""); err != nil {
-		return storage.Negotiated{}, err
+		return negotiate.Negotiated{}, err
 	}
 	return s.neg.NegotiateOutput(r, custom)
 }
@@ -51,7 +52,7 @@ func (s *Server) negotiateWatch(r *http.Request, info request.Info) error {
 // Content-Type and bytes. Errors are API errors (406 for a transformation
 // the response cannot take) or, for values the cache should never have
 // handed out, internal ones.
-func (s *Server) body(info request.Info, resp *heraldv1.ListResponse, n storage.Negotiated, include printers.IncludeObject, now time.Time) (string, []byte, error) {
+func (s *Server) body(info request.Info, resp *heraldv1.ListResponse, n negotiate.Negotiated, include printers.IncludeObject, now time.Time) (string, []byte, error) {
 	res := info.Resource
 	gvk := res.GroupVersionKind()
 	custom := s.custom(res)

@@ -72,6 +72,7 @@ import (
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
+	"herald.dev/libs/kube/negotiate"
 	"herald.dev/libs/kube/printers"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -143,9 +144,9 @@ type Server struct {
 	trust   *trustSources        // the trust files, failing closed (reload.go)
 	cert    *service.Reloadable[tls.Certificate]
 	cache   heraldv1.CacheClient
-	codec   *storage.Codec      // protobuf and metadata encodings
-	neg     *storage.Negotiator // content negotiation
-	tracer  trace.Tracer        // nil: tracing off
+	codec   *storage.Codec        // protobuf and metadata encodings
+	neg     *negotiate.Negotiator // content negotiation
+	tracer  trace.Tracer          // nil: tracing off
 	disc    *discovery
 	// deprecations: the Warning header of a deprecated API version.
 	deprecations *deprecations
@@ -176,7 +177,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		return nil, err
 	}
 	m := newMetrics(promReg)
-	s := &Server{cfg: cfg, log: log, cache: cache, m: m, codec: codec, neg: storage.NewNegotiator(),
+	s := &Server{cfg: cfg, log: log, cache: cache, m: m, codec: codec, neg: negotiate.NewNegotiator(),
 		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
 		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
@@ -755,7 +756,7 @@ func listRequest(info request.Info, q url.Values) (*heraldv1.ListRequest, error)
 // list serves LIST and GET from the cache. In cluster mode it leaves a list
 // older than the cache's window unanswered (false), for kube-apiserver; one
 // at a revision etcd has compacted it answers (kube.CompactedError).
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info request.Info, req *heraldv1.ListRequest, n storage.Negotiated) bool {
+func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info request.Info, req *heraldv1.ListRequest, n negotiate.Negotiated) bool {
 	resp, err := s.cache.List(ctx, req)
 	if err != nil {
 		apiErr := kube.FromGRPC(err)

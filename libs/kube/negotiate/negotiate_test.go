@@ -1,4 +1,4 @@
-package storage
+package negotiate
 
 import (
 	"net/http"
@@ -7,6 +7,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"herald.dev/libs/storage"
 )
 
 const (
@@ -41,45 +43,45 @@ func TestNegotiateOutput(t *testing.T) {
 		target                  *schema.GroupVersionKind
 		err                     string // the 406 message
 	}{
-		{name: "no accept", mt: MediaJSON},
-		{name: "any", accept: "*/*", mt: MediaJSON},
-		{name: "application wildcard", accept: "application/*", mt: MediaJSON},
-		{name: "protobuf", accept: MediaProtobuf, mt: MediaProtobuf},
-		{name: "protobuf then json", accept: "application/vnd.kubernetes.protobuf, application/json", mt: MediaProtobuf},
-		{name: "q-values", accept: "application/json;q=0.5, application/vnd.kubernetes.protobuf", mt: MediaProtobuf},
-		{name: "q-values json", accept: "application/vnd.kubernetes.protobuf;q=0.5, application/json", mt: MediaJSON},
-		{name: "yaml", accept: "application/yaml", mt: MediaYAML},
-		{name: "unknown parameter", accept: "application/json;foo=bar", mt: MediaJSON},
-		{name: "stream parameter", accept: "application/json;stream=watch", mt: MediaJSON},
+		{name: "no accept", mt: storage.MediaJSON},
+		{name: "any", accept: "*/*", mt: storage.MediaJSON},
+		{name: "application wildcard", accept: "application/*", mt: storage.MediaJSON},
+		{name: "protobuf", accept: storage.MediaProtobuf, mt: storage.MediaProtobuf},
+		{name: "protobuf then json", accept: "application/vnd.kubernetes.protobuf, application/json", mt: storage.MediaProtobuf},
+		{name: "q-values", accept: "application/json;q=0.5, application/vnd.kubernetes.protobuf", mt: storage.MediaProtobuf},
+		{name: "q-values json", accept: "application/vnd.kubernetes.protobuf;q=0.5, application/json", mt: storage.MediaJSON},
+		{name: "yaml", accept: "application/yaml", mt: storage.MediaYAML},
+		{name: "unknown parameter", accept: "application/json;foo=bar", mt: storage.MediaJSON},
+		{name: "stream parameter", accept: "application/json;stream=watch", mt: storage.MediaJSON},
 		{name: "stream parameter on yaml", accept: "application/yaml;stream=watch", err: nonStream406},
 		{name: "other stream", accept: "application/json;stream=other", err: nonStream406},
-		{name: "server version", accept: "application/json;sv=v1", mt: MediaJSON},
+		{name: "server version", accept: "application/json;sv=v1", mt: storage.MediaJSON},
 		{name: "other server version", accept: "application/json;sv=v2", err: nonStream406},
 		{name: "html", accept: "text/html", err: nonStream406},
-		{name: "pretty parameter", accept: "application/json;pretty=1", mt: MediaJSON, pretty: true},
-		{name: "pretty query", query: "?pretty=true", mt: MediaJSON, pretty: true},
-		{name: "pretty false", query: "?pretty=false", ua: "curl/8", mt: MediaJSON},
-		{name: "curl", ua: "curl/8.0", mt: MediaJSON, pretty: true},
-		{name: "curl protobuf", accept: MediaProtobuf, ua: "curl/8.0", mt: MediaProtobuf},
-		{name: "kubectl", ua: "kubectl/v1.32", mt: MediaJSON},
-		{name: "metadata", accept: "application/json;" + pom, mt: MediaJSON, target: metaV1(KindPartialObjectMetadata)},
-		{name: "metadata v1beta1", accept: "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1", mt: MediaJSON,
-			target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1beta1", Kind: KindPartialObjectMetadataList}},
+		{name: "pretty parameter", accept: "application/json;pretty=1", mt: storage.MediaJSON, pretty: true},
+		{name: "pretty query", query: "?pretty=true", mt: storage.MediaJSON, pretty: true},
+		{name: "pretty false", query: "?pretty=false", ua: "curl/8", mt: storage.MediaJSON},
+		{name: "curl", ua: "curl/8.0", mt: storage.MediaJSON, pretty: true},
+		{name: "curl protobuf", accept: storage.MediaProtobuf, ua: "curl/8.0", mt: storage.MediaProtobuf},
+		{name: "kubectl", ua: "kubectl/v1.32", mt: storage.MediaJSON},
+		{name: "metadata", accept: "application/json;" + pom, mt: storage.MediaJSON, target: metaV1(storage.KindPartialObjectMetadata)},
+		{name: "metadata v1beta1", accept: "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1", mt: storage.MediaJSON,
+			target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1beta1", Kind: storage.KindPartialObjectMetadataList}},
 		{name: "metadata protobuf", accept: "application/vnd.kubernetes.protobuf;" + poml + ",application/json;" + poml + ",application/json",
-			mt: MediaProtobuf, target: metaV1(KindPartialObjectMetadataList)},
+			mt: storage.MediaProtobuf, target: metaV1(storage.KindPartialObjectMetadataList)},
 		{name: "metadata without group", accept: "application/json;as=PartialObjectMetadata;v=v1", err: nonStream406},
 		{name: "metadata in another version", accept: "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v2", err: nonStream406},
 		{name: "unknown kind", accept: "application/json;as=Foo;g=meta.k8s.io;v=v1", err: nonStream406},
-		{name: "table", accept: "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", mt: MediaJSON, target: metaV1(KindTable)},
-		{name: "table yaml", accept: "application/yaml;as=Table;v=v1;g=meta.k8s.io", mt: MediaYAML, target: metaV1(KindTable)},
+		{name: "table", accept: "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", mt: storage.MediaJSON, target: metaV1(storage.KindTable)},
+		{name: "table yaml", accept: "application/yaml;as=Table;v=v1;g=meta.k8s.io", mt: storage.MediaYAML, target: metaV1(storage.KindTable)},
 		{name: "table protobuf", accept: "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io", err: nonStream406},
-		{name: "table protobuf falls back", accept: "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json", mt: MediaJSON},
-		{name: "custom protobuf", accept: MediaProtobuf, custom: true, err: nonStream406},
-		{name: "custom protobuf then json", accept: "application/vnd.kubernetes.protobuf,application/json", custom: true, mt: MediaJSON},
-		{name: "custom any", accept: "*/*", custom: true, mt: MediaJSON},
-		{name: "custom metadata protobuf", accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: MediaProtobuf,
-			target: metaV1(KindPartialObjectMetadata)},
-		{name: "custom yaml", accept: "application/yaml", custom: true, mt: MediaYAML},
+		{name: "table protobuf falls back", accept: "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json", mt: storage.MediaJSON},
+		{name: "custom protobuf", accept: storage.MediaProtobuf, custom: true, err: nonStream406},
+		{name: "custom protobuf then json", accept: "application/vnd.kubernetes.protobuf,application/json", custom: true, mt: storage.MediaJSON},
+		{name: "custom any", accept: "*/*", custom: true, mt: storage.MediaJSON},
+		{name: "custom metadata protobuf", accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: storage.MediaProtobuf,
+			target: metaV1(storage.KindPartialObjectMetadata)},
+		{name: "custom yaml", accept: "application/yaml", custom: true, mt: storage.MediaYAML},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,14 +114,14 @@ func TestNegotiateStream(t *testing.T) {
 		as     string
 		err    string
 	}{
-		{accept: "", mt: MediaJSON},
-		{accept: MediaProtobuf, mt: MediaProtobuf},
-		{accept: "application/vnd.kubernetes.protobuf, application/json", mt: MediaProtobuf},
+		{accept: "", mt: storage.MediaJSON},
+		{accept: storage.MediaProtobuf, mt: storage.MediaProtobuf},
+		{accept: "application/vnd.kubernetes.protobuf, application/json", mt: storage.MediaProtobuf},
 		{accept: "application/yaml", err: stream406},
 		{accept: "application/yaml, application/json", err: stream406},
-		{accept: "application/json;" + pom, mt: MediaJSON, as: KindPartialObjectMetadata},
-		{accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: MediaProtobuf, as: KindPartialObjectMetadata},
-		{accept: MediaProtobuf, custom: true, err: stream406},
+		{accept: "application/json;" + pom, mt: storage.MediaJSON, as: storage.KindPartialObjectMetadata},
+		{accept: "application/vnd.kubernetes.protobuf;" + pom, custom: true, mt: storage.MediaProtobuf, as: storage.KindPartialObjectMetadata},
+		{accept: storage.MediaProtobuf, custom: true, err: stream406},
 		{accept: "text/plain", err: stream406},
 	}
 	for _, tc := range cases {
@@ -138,7 +140,7 @@ func TestNegotiateStream(t *testing.T) {
 
 func TestCheckTarget(t *testing.T) {
 	as := func(kind string) Negotiated {
-		return Negotiated{MediaType: MediaJSON, Target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1", Kind: kind}}
+		return Negotiated{MediaType: storage.MediaJSON, Target: &schema.GroupVersionKind{Group: "meta.k8s.io", Version: "v1", Kind: kind}}
 	}
 	pods := schema.GroupKind{Kind: "Pod"}
 	deploy := schema.GroupKind{Group: "apps", Kind: "Deployment"}
@@ -151,19 +153,19 @@ func TestCheckTarget(t *testing.T) {
 		list   bool
 		err    string
 	}{
-		{n: as(KindPartialObjectMetadata), kind: pods, list: false},
-		{n: as(KindPartialObjectMetadataList), kind: pods, list: true},
-		{n: as(KindTable), kind: pods, list: true},
-		{n: Negotiated{MediaType: MediaJSON}, kind: pods, list: true},
-		{n: as(KindPartialObjectMetadata), kind: pods, list: true,
+		{n: as(storage.KindPartialObjectMetadata), kind: pods, list: false},
+		{n: as(storage.KindPartialObjectMetadataList), kind: pods, list: true},
+		{n: as(storage.KindTable), kind: pods, list: true},
+		{n: Negotiated{MediaType: storage.MediaJSON}, kind: pods, list: true},
+		{n: as(storage.KindPartialObjectMetadata), kind: pods, list: true,
 			err: "you requested PartialObjectMetadata, but the requested object is a list (*core.PodList)"},
-		{n: as(KindPartialObjectMetadataList), kind: deploy,
+		{n: as(storage.KindPartialObjectMetadataList), kind: deploy,
 			err: "you requested PartialObjectMetadataList, but the requested object is not a list (*apps.Deployment)"},
-		{n: as(KindPartialObjectMetadata), kind: events, list: true,
+		{n: as(storage.KindPartialObjectMetadata), kind: events, list: true,
 			err: "you requested PartialObjectMetadata, but the requested object is a list (*core.EventList)"},
-		{n: as(KindPartialObjectMetadata), kind: widgets, custom: true, list: true,
+		{n: as(storage.KindPartialObjectMetadata), kind: widgets, custom: true, list: true,
 			err: "you requested PartialObjectMetadata, but the requested object is a list (*unstructured.UnstructuredList)"},
-		{n: as(KindPartialObjectMetadataList), kind: widgets, custom: true,
+		{n: as(storage.KindPartialObjectMetadataList), kind: widgets, custom: true,
 			err: "you requested PartialObjectMetadataList, but the requested object is not a list (*unstructured.Unstructured)"},
 	}
 	for _, tc := range cases {
@@ -202,12 +204,12 @@ func TestRoute(t *testing.T) {
 		}
 	}
 	for accept, want := range map[string]string{
-		"":                                    MediaJSON,
-		"application/yaml":                    MediaYAML,
-		"application/vnd.kubernetes.protobuf": MediaProtobuf,
+		"":                                    storage.MediaJSON,
+		"application/yaml":                    storage.MediaYAML,
+		"application/vnd.kubernetes.protobuf": storage.MediaProtobuf,
 		"text/html":                           "",
 		"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1":                                         "",
-		"application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json": MediaJSON,
+		"application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json": storage.MediaJSON,
 	} {
 		if got, pretty := n.ErrorMediaType(request(accept, "", "")); got != want || pretty {
 			t.Errorf("error media type for %q: %s (pretty %v), want %s", accept, got, pretty, want)
@@ -219,10 +221,10 @@ func TestRoute(t *testing.T) {
 		mt     string
 		pretty bool
 	}{
-		{request("", "", "curl/8.5.0"), MediaJSON, true},
-		{request("", "?pretty=true", ""), MediaJSON, true},
-		{request("", "?pretty=false", "curl/8.5.0"), MediaJSON, false},
-		{request("application/vnd.kubernetes.protobuf", "?pretty=true", ""), MediaProtobuf, false},
+		{request("", "", "curl/8.5.0"), storage.MediaJSON, true},
+		{request("", "?pretty=true", ""), storage.MediaJSON, true},
+		{request("", "?pretty=false", "curl/8.5.0"), storage.MediaJSON, false},
+		{request("application/vnd.kubernetes.protobuf", "?pretty=true", ""), storage.MediaProtobuf, false},
 	} {
 		if mt, pretty := n.ErrorMediaType(tc.r); mt != tc.mt || pretty != tc.pretty {
 			t.Errorf("error media type for %v: %s (pretty %v), want %s (%v)", tc.r.URL, mt, pretty, tc.mt, tc.pretty)
@@ -244,7 +246,7 @@ func FuzzNegotiate(f *testing.F) {
 		r.Header.Set("Accept", accept)
 		for _, neg := range []func(*http.Request, bool) (Negotiated, error){n.NegotiateOutput, n.NegotiateStream} {
 			got, err := neg(r, custom)
-			if err == nil && got.MediaType != MediaJSON && got.MediaType != MediaYAML && got.MediaType != MediaProtobuf {
+			if err == nil && got.MediaType != storage.MediaJSON && got.MediaType != storage.MediaYAML && got.MediaType != storage.MediaProtobuf {
 				t.Fatalf("%q: media type %q", accept, got.MediaType)
 			}
 			if err != nil && !apierrors.IsNotAcceptable(err) {

@@ -1,4 +1,4 @@
-package storage
+package negotiate
 
 import (
 	"fmt"
@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+
+	"herald.dev/libs/storage"
 )
 
 // Content negotiation as kube-apiserver does it for GET, LIST and WATCH of a
@@ -22,28 +24,10 @@ import (
 // negotiation package; what is written here is only the part kube-apiserver
 // keeps in its RequestScope: which transformations an endpoint allows.
 
-// Media types Herald serves, in kube-apiserver's order of preference (the
-// order of its codec factory: the first one answers an empty Accept or
-// "*/*").
-const (
-	MediaJSON     = runtime.ContentTypeJSON
-	MediaYAML     = runtime.ContentTypeYAML
-	MediaProtobuf = runtime.ContentTypeProtobuf
-	// MediaProtobufWatch is the Content-Type of a protobuf watch stream.
-	MediaProtobufWatch = runtime.ContentTypeProtobuf + ";stream=watch"
-)
-
-// Kinds a client may ask a response to be transformed into (the "as"
-// parameter, with g=meta.k8s.io and v=v1 or v1beta1).
-const (
-	KindTable                     = "Table"
-	KindPartialObjectMetadata     = "PartialObjectMetadata"
-	KindPartialObjectMetadataList = "PartialObjectMetadataList"
-)
-
 // Negotiated is the encoding kube-apiserver chooses for a response.
 type Negotiated struct {
-	// MediaType is the serializer's: MediaJSON, MediaYAML or MediaProtobuf.
+	// MediaType is the serializer's: storage.MediaJSON, storage.MediaYAML
+	// or storage.MediaProtobuf.
 	MediaType string
 	// Pretty: indented JSON (the pretty parameter of the media type,
 	// ?pretty=true, or a curl, Wget or browser User-Agent). Never for
@@ -56,7 +40,7 @@ type Negotiated struct {
 }
 
 // Protobuf reports whether the response is protobuf.
-func (n Negotiated) Protobuf() bool { return n.MediaType == MediaProtobuf }
+func (n Negotiated) Protobuf() bool { return n.MediaType == storage.MediaProtobuf }
 
 // As is the target kind ("" for none).
 func (n Negotiated) As() string {
@@ -82,9 +66,9 @@ func (r restrictions) AllowsMediaTypeTransform(mimeType, mimeSubType string, gvk
 		return false
 	}
 	switch gvk.Kind {
-	case KindTable:
+	case storage.KindTable:
 		return mimeType == "application" && (mimeSubType == "json" || mimeSubType == "yaml")
-	case KindPartialObjectMetadata, KindPartialObjectMetadataList:
+	case storage.KindPartialObjectMetadata, storage.KindPartialObjectMetadataList:
 		return true
 	}
 	return false
@@ -152,9 +136,9 @@ func (e notAcceptable) Status() metav1.Status {
 // (LIST) or an object (GET).
 func (n Negotiated) CheckTarget(kind schema.GroupKind, custom, list bool) error {
 	switch {
-	case n.As() == KindPartialObjectMetadata && list:
+	case n.As() == storage.KindPartialObjectMetadata && list:
 		return notAcceptable{fmt.Sprintf("you requested PartialObjectMetadata, but the requested object is a list (%s)", internalType(kind, custom, true))}
-	case n.As() == KindPartialObjectMetadataList && !list:
+	case n.As() == storage.KindPartialObjectMetadataList && !list:
 		return notAcceptable{fmt.Sprintf("you requested PartialObjectMetadataList, but the requested object is not a list (%s)", internalType(kind, custom, false))}
 	}
 	return nil
