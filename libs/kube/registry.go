@@ -286,9 +286,10 @@ func (r *Resource) Readers() []*Resource {
 	return append([]*Resource{r}, r.aliases...)
 }
 
-// StreamResource is the resource whose stream subjects carry r's changes:
-// r itself, or the resource r is served from.
-func (r *Resource) StreamResource() *Resource {
+// KeyOwner is the resource whose etcd keys hold r's objects: r itself, or
+// the resource r is served from (events.k8s.io Events: core Events). Its
+// JetStream subjects carry r's changes.
+func (r *Resource) KeyOwner() *Resource {
 	if r.source != nil {
 		return r.source
 	}

@@ -80,8 +80,8 @@ func TestDefaultRegistryIsTheBuiltinTable(t *testing.T) {
 	if !ok {
 		t.Fatal("events.k8s.io events are not served")
 	}
-	if r, _, _, _ := g.ParseKey("/registry/events/ns/e"); r != core || !slices.Equal(core.Readers(), []*Resource{core, ev}) || ev.StreamResource() != core {
-		t.Errorf("events.k8s.io events: key owner %v, readers %v, stream %v", r.ID(), core.Readers(), ev.StreamResource().ID())
+	if r, _, _, _ := g.ParseKey("/registry/events/ns/e"); r != core || !slices.Equal(core.Readers(), []*Resource{core, ev}) || ev.KeyOwner() != core {
+		t.Errorf("events.k8s.io events: key parsed to %v, readers %v, key owner %v", r.ID(), core.Readers(), ev.KeyOwner().ID())
 	}
 }
 

@@ -35,9 +35,9 @@ func Subjects() []string { return []string{SubjectRoot + ".>", SubjectProgress} 
 
 // token is the resource's token in stream subjects: its ID with the dots
 // (which separate subject tokens) replaced.
-// A resource served from another's stored values (kube.Resource.
-// StreamResource) reads that resource's subjects.
-func token(r *kube.Resource) string { return strings.ReplaceAll(r.StreamResource().ID(), ".", "_") }
+// A resource served from another's stored values (kube.Resource.KeyOwner)
+// reads that resource's subjects.
+func token(r *kube.Resource) string { return strings.ReplaceAll(r.KeyOwner().ID(), ".", "_") }
 
 // PartitionSubject is the subject of the revisions that change only objects
 // of r in namespace partition p; SubjectOther for a custom resource (not

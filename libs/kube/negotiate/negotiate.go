@@ -92,7 +92,7 @@ func NewNegotiator() *Negotiator {
 
 // NegotiateOutput chooses the encoding of a GET or LIST response of a
 // resource (custom: a custom resource), or of any request's first step: a
-// watch is negotiated with this first and then with NegotiateStream. Its
+// watch is negotiated with this first and then with NegotiateWatch. Its
 // error is kube-apiserver's 406 NotAcceptable (an APIStatus).
 func (n *Negotiator) NegotiateOutput(r *http.Request, custom bool) (Negotiated, error) {
 	mt, info, err := negotiation.NegotiateOutputMediaType(r, n.codecs, restrictions{custom})
@@ -105,11 +105,11 @@ func (n *Negotiator) NegotiateOutput(r *http.Request, custom bool) (Negotiated, 
 	return Negotiated{MediaType: info.MediaType, Pretty: pretty, Target: mt.Convert}, nil
 }
 
-// NegotiateStream chooses the encoding of a watch stream, once
+// NegotiateWatch chooses the encoding of a watch stream, once
 // NegotiateOutput has accepted the request (kube-apiserver's
 // serveWatchHandler): the first acceptable clause must have a streaming
 // form (JSON or protobuf, not YAML), else 406 naming the stream media types.
-func (n *Negotiator) NegotiateStream(r *http.Request, custom bool) (Negotiated, error) {
+func (n *Negotiator) NegotiateWatch(r *http.Request, custom bool) (Negotiated, error) {
 	mt, ok := negotiation.NegotiateMediaTypeOptions(r.Header.Get("Accept"), n.codecs.SupportedMediaTypes(), restrictions{custom})
 	if !ok || mt.Accepted.StreamSerializer == nil {
 		_, supported := negotiation.MediaTypesForSerializer(n.codecs)

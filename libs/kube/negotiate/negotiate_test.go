@@ -105,7 +105,7 @@ func TestNegotiateOutput(t *testing.T) {
 
 // A watch is negotiated twice: its first acceptable clause must have a
 // streaming form.
-func TestNegotiateStream(t *testing.T) {
+func TestNegotiateWatch(t *testing.T) {
 	n := NewNegotiator()
 	cases := []struct {
 		accept string
@@ -125,7 +125,7 @@ func TestNegotiateStream(t *testing.T) {
 		{accept: "text/plain", err: stream406},
 	}
 	for _, tc := range cases {
-		got, err := n.NegotiateStream(request(tc.accept, "", "curl/8"), tc.custom)
+		got, err := n.NegotiateWatch(request(tc.accept, "", "curl/8"), tc.custom)
 		if tc.err != "" {
 			if !apierrors.IsNotAcceptable(err) || err.Error() != tc.err {
 				t.Errorf("%q: got %+v, %v; want 406 %q", tc.accept, got, err, tc.err)
@@ -244,7 +244,7 @@ func FuzzNegotiate(f *testing.F) {
 		r := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
 		r.URL.RawQuery = query
 		r.Header.Set("Accept", accept)
-		for _, neg := range []func(*http.Request, bool) (Negotiated, error){n.NegotiateOutput, n.NegotiateStream} {
+		for _, neg := range []func(*http.Request, bool) (Negotiated, error){n.NegotiateOutput, n.NegotiateWatch} {
 			got, err := neg(r, custom)
 			if err == nil && got.MediaType != storage.MediaJSON && got.MediaType != storage.MediaYAML && got.MediaType != storage.MediaProtobuf {
 				t.Fatalf("%q: media type %q", accept, got.MediaType)

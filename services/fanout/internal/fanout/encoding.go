@@ -59,7 +59,7 @@ func (s *Server) negotiate(r *http.Request, res *kube.Resource) (format, error) 
 	if _, err := s.neg.NegotiateOutput(r, custom); err != nil {
 		return format{}, err
 	}
-	n, err := s.neg.NegotiateStream(r, custom)
+	n, err := s.neg.NegotiateWatch(r, custom)
 	if err != nil {
 		return format{}, err
 	}

@@ -44,7 +44,7 @@ func (s *Server) negotiate(r *http.Request, info request.Info) (negotiate.Negoti
 // negotiateWatch is the watch's second negotiation (its stream's media
 // type: a watch cannot be YAML), after its options were validated.
 func (s *Server) negotiateWatch(r *http.Request, info request.Info) error {
-	_, err := s.neg.NegotiateStream(r, s.custom(info.Resource))
+	_, err := s.neg.NegotiateWatch(r, s.custom(info.Resource))
 	return err
 }
 
