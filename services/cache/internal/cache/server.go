@@ -88,9 +88,9 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if err != nil {
 		return nil, errStatus(err)
 	}
-	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := selector(rs.res, req.Namespace, req.Selector, req.LabelSelector, req.FieldSelector)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	if plan.Mode == rv.ListAny && rs.res.Stored().NotWatchCached {
 		// kube-apiserver lists a resource it does not watch-cache from
@@ -226,9 +226,9 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		return err
 	}
 	rs = v.s.current(rs)
-	sel, err := kube.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := selector(rs.res, req.Namespace, req.Selector, req.LabelSelector, req.FieldSelector)
 	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return err
 	}
 	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev}
 	var sub *subscriber
@@ -253,6 +253,31 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		return nil
 	}
 	return v.follow(ctx, sub, w, start.head)
+}
+
+// selector is a request's namespace and selectors: sel as the client parsed
+// them when it sent them (checked, not parsed again), else the strings.
+// Errors are InvalidArgument statuses.
+func selector(r *kube.Resource, namespace string, sel *heraldv1.Selector, labelSelector, fieldSelector string) (*kube.Selector, error) {
+	var s *kube.Selector
+	var err error
+	if sel != nil {
+		s, err = kube.NewSelector(r, namespace, requirements(sel.Labels), requirements(sel.Fields))
+	} else {
+		s, err = kube.ParseSelector(r, namespace, labelSelector, fieldSelector)
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return s, nil
+}
+
+func requirements(rs []*heraldv1.Requirement) []kube.Requirement {
+	out := make([]kube.Requirement, len(rs))
+	for i, r := range rs {
+		out[i] = kube.Requirement{Key: r.Key, Operator: r.Operator, Values: r.Values}
+	}
+	return out
 }
 
 // waitForWatch waits until the shard has reached the revision req needs:

@@ -3,6 +3,9 @@ package fanout
 import (
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
@@ -42,6 +45,10 @@ func TestStartRequests(t *testing.T) {
 		}
 		if !tc.req.OmitUnchangedPrev {
 			t.Errorf("%s request %+v: want omit_unchanged_prev", tc.name, tc.req)
+		}
+		// The selectors as parsed, for the cache to use without parsing.
+		if !proto.Equal(tc.req.Selector, cacheclient.Selector(sel)) || len(tc.req.Selector.GetLabels()) != 1 || len(tc.req.Selector.GetFields()) != 1 {
+			t.Errorf("%s request's selector %v, want %v", tc.name, tc.req.Selector, cacheclient.Selector(sel))
 		}
 	}
 }

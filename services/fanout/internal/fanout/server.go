@@ -399,14 +399,16 @@ func (s *Server) servePaced(ctx context.Context, st *stream, h *hub, e *paced, l
 func stateRequest(info kube.RequestInfo, sel *kube.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 		InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
-		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), Selector: cacheclient.Selector(sel),
+		OmitUnchangedPrev: true}
 }
 
 // replayRequest asks the cache for a watcher's events after revision
 // after, when the hub's ring no longer holds them.
 func replayRequest(info kube.RequestInfo, sel *kube.Selector, after int64) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: after,
-		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), Selector: cacheclient.Selector(sel),
+		OmitUnchangedPrev: true}
 }
 
 // start sends the initial events (if any) and catches the watcher up until

@@ -738,9 +738,13 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	// kube-apiserver's order: the parameters' syntax, their combination
 	// (422), the field labels, then what its storage reads (the
 	// resourceVersion, the continue token).
-	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
+	sel, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector)
+	if err != nil {
 		return nil, kube.OptionError(err)
 	}
+	// The cache takes the selectors as parsed here (and the strings, for
+	// a cache older than that).
+	req.Selector = cacheclient.Selector(sel)
 	if err := kube.ValidateListOptions(q); err != nil {
 		return nil, err
 	}
