@@ -9,7 +9,6 @@ import (
 	"github.com/google/btree"
 
 	"herald.dev/libs/kube"
-	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // entry is one current object in a resource's tree, ordered by key.
@@ -26,7 +25,7 @@ type tree = btree.BTreeG[*entry]
 // state of the resource right after it (a copy-on-write clone of the tree).
 type slot struct {
 	rev    int64
-	events []*heraldv1.Event
+	events []*event
 	state  *tree
 }
 
@@ -146,7 +145,7 @@ func (r *resourceState) reset(t *tree, rev int64) {
 // window, dropping the oldest revisions beyond capacity, and queues them on
 // every subscriber, cutting off those whose queue is full. It runs on the
 // shard's single apply goroutine.
-func (r *resourceState) applyRevision(rev int64, evs []*heraldv1.Event, puts []*kube.Object, keys []string) {
+func (r *resourceState) applyRevision(rev int64, evs []*event, puts []*kube.Object, keys []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, k := range keys {
@@ -181,7 +180,7 @@ func (r *resourceState) bookmark(rev int64) {
 	if len(r.subs) == 0 {
 		return
 	}
-	ev := []*heraldv1.Event{{Type: heraldv1.EventType_BOOKMARK, Revision: rev}}
+	ev := []*event{bookmark(rev)}
 	for s := range r.subs {
 		s.offer(ev)
 	}
@@ -227,7 +226,7 @@ type watchStart struct {
 	// state: with initial events, the state at from; else nil.
 	state *snapshot
 	// events: the window's events in (from, head], in order.
-	events []*heraldv1.Event
+	events []*event
 	// head: the window's head. A subscriber registered with this start is
 	// queued every revision after head and none before.
 	head int64
@@ -334,12 +333,12 @@ func (r *resourceState) stateAtLocked(rev, head int64) (snapshot, error) {
 
 // sinceLocked returns the window's events after rev in order, or a
 // *tooOldError when rev is older than the window.
-func (r *resourceState) sinceLocked(rev int64) ([]*heraldv1.Event, error) {
+func (r *resourceState) sinceLocked(rev int64) ([]*event, error) {
 	if rev < r.windowStart {
 		return nil, &tooOldError{rev: rev, start: r.windowStart}
 	}
 	i := sort.Search(len(r.window), func(i int) bool { return r.window[i].rev > rev })
-	var out []*heraldv1.Event
+	var out []*event
 	for _, s := range r.window[i:] {
 		out = append(out, s.events...)
 	}

@@ -423,42 +423,21 @@ type watchSender struct {
 }
 
 // add appends ev to the response being built, sending it first when full.
-func (w *watchSender) add(ev *heraldv1.Event) error {
-	if n := len(w.events); (n >= watchBatch || w.bytes >= watchBatchBytes) && (w.inState || w.events[n-1].Revision != ev.Revision) {
+func (w *watchSender) add(e *event) error {
+	if n := len(w.events); (n >= watchBatch || w.bytes >= watchBatchBytes) && (w.inState || w.events[n-1].Revision != e.Revision) {
 		if err := w.flush(); err != nil {
 			return err
 		}
 	}
-	if w.omitPrev && ev.PrevUnchanged {
-		ev = withoutPrev(ev)
-	}
+	ev := wire(e, w.omitPrev)
 	w.events = append(w.events, ev)
 	w.bytes += len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf)
 	return nil
 }
 
-// withoutPrev is ev without its previous state, for a stream that asked
-// for omit_unchanged_prev. The window keeps ev whole: other streams may
-// not have asked. It shares ev's bytes and maps, which nobody modifies.
-func withoutPrev(ev *heraldv1.Event) *heraldv1.Event {
-	return &heraldv1.Event{
-		Type:             ev.Type,
-		Revision:         ev.Revision,
-		Namespace:        ev.Namespace,
-		Name:             ev.Name,
-		Object:           ev.Object,
-		Labels:           ev.Labels,
-		Fields:           ev.Fields,
-		ObservedUnixNano: ev.ObservedUnixNano,
-		Traceparent:      ev.Traceparent,
-		ObjectProtobuf:   ev.ObjectProtobuf,
-		PrevUnchanged:    true,
-	}
-}
-
 // addFiltered adds ev unless it cannot concern the request's watcher (see
 // concerns).
-func (w *watchSender) addFiltered(ev *heraldv1.Event) error {
+func (w *watchSender) addFiltered(ev *event) error {
 	if !w.concerns(ev) {
 		return nil
 	}
@@ -469,7 +448,7 @@ func (w *watchSender) addFiltered(ev *heraldv1.Event) error {
 // selectors can see ev: bookmarks always, an event whose object matches,
 // and a MODIFIED whose previous object matched (the watcher sees the object
 // leave its selection as DELETED). The watcher decides the transition.
-func (w *watchSender) concerns(ev *heraldv1.Event) bool {
+func (w *watchSender) concerns(ev *event) bool {
 	switch {
 	case ev.Type == heraldv1.EventType_BOOKMARK:
 		return true
@@ -502,8 +481,8 @@ func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool
 			if !w.sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
 				return true
 			}
-			err = w.add(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
-				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields})
+			err = w.add(wireEvent(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
+				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields}))
 			return err == nil
 		})
 		if err != nil {
@@ -527,6 +506,6 @@ func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool
 	return w.flush()
 }
 
-func bookmark(rev int64) *heraldv1.Event {
-	return &heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: rev}
+func bookmark(rev int64) *event {
+	return wireEvent(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: rev})
 }

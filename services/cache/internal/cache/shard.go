@@ -680,7 +680,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	}
 	rev := rec.Revision
 	type batch struct {
-		evs  []*heraldv1.Event
+		evs  []*event
 		objs []*kube.Object
 		keys []string
 	}
@@ -703,7 +703,11 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				}
 				continue
 			}
-			ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
+			var prev *kube.Object
+			ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+				prev = rs.get(c.Key)
+				return prev, nil
+			})
 			if err != nil {
 				s.skipUndecodable(r, c.Key, rev, err)
 				continue
@@ -720,7 +724,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				b = &batch{}
 				batches[rs] = b
 			}
-			b.evs = append(b.evs, ev)
+			b.evs = append(b.evs, prepared(ev, prev))
 			b.objs = append(b.objs, obj)
 			b.keys = append(b.keys, c.Key)
 		}
