@@ -497,7 +497,7 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 	defer cancel()
 	sel := &heraldv1.Selector{Labels: []*heraldv1.Requirement{{Key: "app", Operator: "=", Values: []string{"web"}}}}
 	st, err := c.Watch(ctx, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5, LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1",
-		Selector: sel, OmitUnchangedPrev: true})
+		Selector: sel, OmitUnchangedPrev: true, WithProtobuf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,8 +510,8 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 	}
 	for i, r := range reqs {
 		if r.LabelSelector != "app=web" || r.FieldSelector != "spec.nodeName=n1" || !proto.Equal(r.Selector, sel) || r.AfterRevision != 5 ||
-			!r.OmitUnchangedPrev {
-			t.Errorf("shard %d asked %+v, want the selectors, after 5 and omit_unchanged_prev", i, r)
+			!r.OmitUnchangedPrev || !r.WithProtobuf {
+			t.Errorf("shard %d asked %+v, want the selectors, after 5, omit_unchanged_prev and with_protobuf", i, r)
 		}
 	}
 }

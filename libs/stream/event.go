@@ -103,6 +103,14 @@ func PrevState(ev *heraldv1.Event, prev *kube.Object) *heraldv1.Event {
 	return full
 }
 
+// WithoutProtobuf is ev without object_protobuf, for a stream that did not
+// ask with_protobuf. It shares everything else with ev.
+func WithoutProtobuf(ev *heraldv1.Event) *heraldv1.Event {
+	out := shallowCopy(ev)
+	out.ObjectProtobuf = nil
+	return out
+}
+
 // shallowCopy is a new Event sharing ev's bytes and maps (nobody modifies
 // them).
 func shallowCopy(ev *heraldv1.Event) *heraldv1.Event {

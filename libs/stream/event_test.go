@@ -196,9 +196,9 @@ func TestEventPrevUnchanged(t *testing.T) {
 	}
 }
 
-// PrevState copies every field of an event but the previous state's,
-// including fields added to Event later, and leaves the event itself
-// alone.
+// WithoutProtobuf and PrevState copy every field of an event but the ones
+// they change, including fields added to Event later, and leave the event
+// itself alone.
 func TestEventCopiesKeepEveryOtherField(t *testing.T) {
 	full := &heraldv1.Event{}
 	m := full.ProtoReflect()
@@ -238,6 +238,7 @@ func TestEventCopiesKeepEveryOtherField(t *testing.T) {
 		out     *heraldv1.Event
 		changed map[protoreflect.Name]protoreflect.Value
 	}{
+		{"WithoutProtobuf", WithoutProtobuf(full), map[protoreflect.Name]protoreflect.Value{"object_protobuf": protoreflect.ValueOfBytes(nil)}},
 		{"PrevState", PrevState(full, prev), map[protoreflect.Name]protoreflect.Value{
 			"prev_object": protoreflect.ValueOfBytes(prev.WithRev(full.Revision))}},
 	} {

@@ -378,9 +378,11 @@ type Event struct {
 	// object exactly as kube-apiserver's protobuf serializer writes it (the
 	// "k8s\x00" envelope around runtime.Unknown), made by the cache from the
 	// object it decoded, when it has it: set on the ADDED and MODIFIED
-	// events of built-in kinds the cache applied from the stream (its window),
-	// empty otherwise (DELETED events, custom resources, initial state, deep
-	// replays). A protobuf watcher's frame
+	// events of built-in kinds the cache applied from the stream (its window)
+	// while a following stream of the resource asked with_protobuf, and sent
+	// only to streams that ask with_protobuf; empty otherwise (DELETED
+	// events, custom resources, initial state, deep replays). A protobuf
+	// watcher's frame
 	// is then built from these bytes instead of decoding object's JSON again
 	// (the most expensive step of a protobuf watch event). Never part of what
 	// JSON clients see.
@@ -897,6 +899,11 @@ type WatchRequest struct {
 	// then costs one object on the wire instead of two). A client that does
 	// not set it gets every previous state, whatever version the cache runs.
 	OmitUnchangedPrev bool `protobuf:"varint,11,opt,name=omit_unchanged_prev,json=omitUnchangedPrev,proto3" json:"omit_unchanged_prev,omitempty"`
+	// The client encodes protobuf: send Event.object_protobuf when the
+	// cache has it. A stream that does not set it never carries those
+	// bytes, and the cache encodes an event's object_protobuf only when a
+	// following stream of its resource set it as the event was applied.
+	WithProtobuf bool `protobuf:"varint,12,opt,name=with_protobuf,json=withProtobuf,proto3" json:"with_protobuf,omitempty"`
 	// label_selector and field_selector as the client parsed them (see
 	// ListRequest.selector).
 	Selector      *Selector `protobuf:"bytes,13,opt,name=selector,proto3" json:"selector,omitempty"`
@@ -1007,6 +1014,13 @@ func (x *WatchRequest) GetFieldSelector() string {
 func (x *WatchRequest) GetOmitUnchangedPrev() bool {
 	if x != nil {
 		return x.OmitUnchangedPrev
+	}
+	return false
+}
+
+func (x *WatchRequest) GetWithProtobuf() bool {
+	if x != nil {
+		return x.WithProtobuf
 	}
 	return false
 }
@@ -1154,7 +1168,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
 	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01\x12\x12\n" +
 	"\x04keys\x18\x05 \x03(\tR\x04keysB\x17\n" +
-	"\x15_remaining_item_count\"\xc7\x03\n" +
+	"\x15_remaining_item_count\"\xec\x03\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -1169,7 +1183,8 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\t \x01(\tR\rlabelSelector\x12%\n" +
 	"\x0efield_selector\x18\n" +
 	" \x01(\tR\rfieldSelector\x12.\n" +
-	"\x13omit_unchanged_prev\x18\v \x01(\bR\x11omitUnchangedPrev\x12/\n" +
+	"\x13omit_unchanged_prev\x18\v \x01(\bR\x11omitUnchangedPrev\x12#\n" +
+	"\rwith_protobuf\x18\f \x01(\bR\fwithProtobuf\x12/\n" +
 	"\bselector\x18\r \x01(\v2\x13.herald.v1.SelectorR\bselector\"9\n" +
 	"\rWatchResponse\x12(\n" +
 	"\x06events\x18\x01 \x03(\v2\x10.herald.v1.EventR\x06events*[\n" +

@@ -7,5 +7,6 @@ var benchStreams = []struct {
 	req  *heraldv1.WatchRequest
 }{
 	{"hub", &heraldv1.WatchRequest{Resource: "pods", Follow: true, OmitUnchangedPrev: true}},
+	{"hub-protobuf", &heraldv1.WatchRequest{Resource: "pods", Follow: true, OmitUnchangedPrev: true, WithProtobuf: true}},
 	{"older-client", &heraldv1.WatchRequest{Resource: "pods", Follow: true}},
 }

@@ -43,8 +43,8 @@ func benchPod(b *testing.B, codec *storage.Codec, restarts string) []byte {
 // (labels and selectable fields unchanged: the most common change), from
 // the stream's record to the bytes a following stream sends: decode,
 // prepare the event, queue it, send it (marshalled as gRPC does; wire-B/op
-// is its size). The streams: a fanout hub's (omit_unchanged_prev) and an
-// older client's.
+// is its size). The streams: a fanout hub's (omit_unchanged_prev), one
+// that also asks for protobuf, and an older client's (neither).
 func BenchmarkStatusUpdate(b *testing.B) {
 	for _, tc := range benchStreams {
 		b.Run(tc.name, func(b *testing.B) {

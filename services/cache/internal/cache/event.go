@@ -33,11 +33,20 @@ func prepared(ev *heraldv1.Event, prev *kube.Object) *event {
 }
 
 // wire is ev as a stream with the request's omit_unchanged_prev (omitPrev)
-// gets it: the prepared event itself (a fanout hub's stream), or a copy
-// sharing its bytes, with the previous state made for this stream.
-func wire(ev *event, omitPrev bool) *heraldv1.Event {
-	if ev.prev != nil && !omitPrev {
-		return stream.PrevState(ev.Event, ev.prev)
+// and with_protobuf (withProtobuf) gets it: the prepared event itself (a
+// fanout hub's stream: both set), or a copy sharing its bytes, with the
+// previous state made for this stream or without the protobuf bytes.
+func wire(ev *event, omitPrev, withProtobuf bool) *heraldv1.Event {
+	dropProtobuf := !withProtobuf && len(ev.ObjectProtobuf) > 0
+	switch {
+	case ev.prev != nil && !omitPrev:
+		out := stream.PrevState(ev.Event, ev.prev)
+		if dropProtobuf {
+			out.ObjectProtobuf = nil
+		}
+		return out
+	case dropProtobuf:
+		return stream.WithoutProtobuf(ev.Event)
 	}
 	return ev.Event
 }

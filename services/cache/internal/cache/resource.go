@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/btree"
 
@@ -78,6 +79,9 @@ type resourceState struct {
 	windowStart int64
 	base        *tree
 	subs        map[*subscriber]struct{}
+	// protobufSubs: how many of subs asked with_protobuf (written under
+	// mu, read by the apply goroutine before it decodes a revision).
+	protobufSubs atomic.Int32
 }
 
 func newResourceState(res *kube.Resource, capacity int) *resourceState {
@@ -138,6 +142,7 @@ func (r *resourceState) reset(t *tree, rev int64) {
 		s.cut(errResync)
 	}
 	r.subs = map[*subscriber]struct{}{}
+	r.protobufSubs.Store(0)
 }
 
 // applyRevision applies one revision's changes of this resource (puts[i] is
@@ -167,7 +172,7 @@ func (r *resourceState) applyRevision(rev int64, evs []*event, puts []*kube.Obje
 	}
 	for s := range r.subs {
 		if !s.send(evs) {
-			delete(r.subs, s)
+			r.removeLocked(s)
 		}
 	}
 }
@@ -276,8 +281,13 @@ func (r *resourceState) watch(from int64, withState bool, head int64, sub *subsc
 func (r *resourceState) unsubscribe(sub *subscriber) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.subs, sub)
+	r.removeLocked(sub)
 }
+
+// wantsProtobuf reports whether a following stream asked with_protobuf:
+// only then does the shard encode the protobuf of the objects it applies
+// (stream.Event), once per event, for all of them.
+func (r *resourceState) wantsProtobuf() bool { return r.protobufSubs.Load() > 0 }
 
 // queued is the number of revisions queued on the subscribers, not yet sent.
 func (r *resourceState) queued() int {
@@ -293,6 +303,19 @@ func (r *resourceState) queued() int {
 func (r *resourceState) subscribeLocked(sub *subscriber) {
 	if sub != nil {
 		r.subs[sub] = struct{}{}
+		if sub.protobuf {
+			r.protobufSubs.Add(1)
+		}
+	}
+}
+
+func (r *resourceState) removeLocked(sub *subscriber) {
+	if _, ok := r.subs[sub]; !ok {
+		return
+	}
+	delete(r.subs, sub)
+	if sub.protobuf {
+		r.protobufSubs.Add(-1)
 	}
 }
 

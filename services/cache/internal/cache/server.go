@@ -230,10 +230,11 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 	if err != nil {
 		return err
 	}
-	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev}
+	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev, withProtobuf: req.WithProtobuf}
 	var sub *subscriber
 	if req.Follow {
 		sub = newSubscriber(v.s.cfg.SubscriberBuffer)
+		sub.protobuf = req.WithProtobuf
 	}
 	start, bookmarked, err := v.watchStart(ctx, req, rs, sub, w)
 	if err != nil {
@@ -414,12 +415,13 @@ const (
 // state: its ADDED events carry their objects' own revisions and are
 // followed by a bookmark, so they may be cut anywhere.
 type watchSender struct {
-	stream   heraldv1.Cache_WatchServer
-	sel      *kube.Selector // the request's namespace and selectors
-	omitPrev bool           // the request's omit_unchanged_prev
-	events   []*heraldv1.Event
-	bytes    int // of the events' objects
-	inState  bool
+	stream       heraldv1.Cache_WatchServer
+	sel          *kube.Selector // the request's namespace and selectors
+	omitPrev     bool           // the request's omit_unchanged_prev
+	withProtobuf bool           // the request's with_protobuf
+	events       []*heraldv1.Event
+	bytes        int // of the events' objects
+	inState      bool
 }
 
 // add appends ev to the response being built, sending it first when full.
@@ -429,7 +431,7 @@ func (w *watchSender) add(e *event) error {
 			return err
 		}
 	}
-	ev := wire(e, w.omitPrev)
+	ev := wire(e, w.omitPrev, w.withProtobuf)
 	w.events = append(w.events, ev)
 	w.bytes += len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf)
 	return nil

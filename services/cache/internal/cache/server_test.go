@@ -311,8 +311,9 @@ func unchanged(ev *heraldv1.Event) *heraldv1.Event {
 // labels and fields did not change without its previous state, which the
 // window does not hold either (only the previous object, shared); a stream
 // that did not ask gets it made for it, under the event's revision. Every
-// other event goes whole. The window's events are never changed.
-func TestWatchOmitsUnchangedPrev(t *testing.T) {
+// other event goes whole. Only a stream that asks with_protobuf gets the
+// objects' protobuf. The window's events are never changed.
+func TestWatchPrevAndProtobufAsAsked(t *testing.T) {
 	rs := newWindow(t, 100)
 	apply(t, rs, 11, put("a", "p1"), put("a", "p2"))
 	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
@@ -333,30 +334,35 @@ func TestWatchOmitsUnchangedPrev(t *testing.T) {
 	v, _ := testServer(t, rs, 12, 8)
 
 	for _, omit := range []bool{false, true} {
-		_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 11, OmitUnchangedPrev: omit})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []*heraldv1.Event
-		for _, r := range resps {
-			for _, ev := range r {
-				if ev.Type == heraldv1.EventType_MODIFIED {
-					got = append(got, ev)
+		for _, withProtobuf := range []bool{false, true} {
+			_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 11, OmitUnchangedPrev: omit, WithProtobuf: withProtobuf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []*heraldv1.Event
+			for _, r := range resps {
+				for _, ev := range r {
+					if ev.Type == heraldv1.EventType_MODIFIED {
+						got = append(got, ev)
+					}
 				}
 			}
-		}
-		if len(got) != 2 {
-			t.Fatalf("omit %v: %d MODIFIED events, want 2", omit, len(got))
-		}
-		want1 := proto.CloneOf(p1)
-		if !omit {
-			want1.PrevObject, want1.PrevLabels, want1.PrevFields = prev.WithRev(12), web, f
-		}
-		if !proto.Equal(got[0], want1) {
-			t.Errorf("omit %v, selection unchanged: sent %v, want %v", omit, got[0], want1)
-		}
-		if !proto.Equal(got[1], p2) {
-			t.Errorf("omit %v, labels changed: sent %v, want it whole %v", omit, got[1], p2)
+			if len(got) != 2 {
+				t.Fatalf("omit %v, protobuf %v: %d MODIFIED events, want 2", omit, withProtobuf, len(got))
+			}
+			want1, want2 := proto.CloneOf(p1), proto.CloneOf(p2)
+			if !omit {
+				want1.PrevObject, want1.PrevLabels, want1.PrevFields = prev.WithRev(12), web, f
+			}
+			if !withProtobuf {
+				want1.ObjectProtobuf, want2.ObjectProtobuf = nil, nil
+			}
+			if !proto.Equal(got[0], want1) {
+				t.Errorf("omit %v, protobuf %v, selection unchanged: sent %v, want %v", omit, withProtobuf, got[0], want1)
+			}
+			if !proto.Equal(got[1], want2) {
+				t.Errorf("omit %v, protobuf %v, labels changed: sent %v, want %v", omit, withProtobuf, got[1], want2)
+			}
 		}
 	}
 	if !proto.Equal(window[0], p1) || !proto.Equal(window[1], p2) {

@@ -703,8 +703,15 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				}
 				continue
 			}
+			// The protobuf of the object only if a following stream
+			// wants it now: made once, here, where the typed object is
+			// at hand, and shared by every stream that asked.
+			var dec stream.ValueDecoder = jsonOnly{s.dec}
+			if rs.wantsProtobuf() {
+				dec = s.dec
+			}
 			var prev *kube.Object
-			ev, obj, err := stream.Event(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+			ev, obj, err := stream.Event(context.Background(), dec, r, ns, name, rev, c, func() (*kube.Object, error) {
 				prev = rs.get(c.Key)
 				return prev, nil
 			})

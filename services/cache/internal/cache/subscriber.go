@@ -33,6 +33,8 @@ type subscriber struct {
 	cutoff chan struct{} // closed when cut off
 	once   sync.Once
 	cause  error // set once, before cutoff is closed
+	// protobuf: the stream asked with_protobuf (resourceState.wantsProtobuf).
+	protobuf bool
 }
 
 // newSubscriber returns a subscriber that holds up to buffer revisions.
