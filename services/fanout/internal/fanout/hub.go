@@ -154,8 +154,10 @@ func (h *hub) runOnce(ctx context.Context) error {
 		if up, err = h.open(ctx, h.head.Load(), true); err != nil {
 			return err
 		}
+		// (A merged stream from a revision may not know its shards'
+		// floor yet: the one known stays.)
 		h.mu.Lock()
-		h.expiredThrough = up.floor
+		h.expiredThrough = max(h.expiredThrough, up.floor)
 		h.mu.Unlock()
 		h.flush(up.rest)
 	}
