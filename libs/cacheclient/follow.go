@@ -159,7 +159,7 @@ func (f *follower) follow(shard int, after int64) {
 		}
 	}
 	req := &heraldv1.WatchRequest{Resource: f.s.req.Resource, Namespace: f.s.req.Namespace, AfterRevision: after, Follow: true,
-		OmitUnchangedPrev: f.s.req.OmitUnchangedPrev}
+		OmitUnchangedPrev: f.s.req.OmitUnchangedPrev, WithProtobuf: f.s.req.WithProtobuf}
 	st, err := f.s.clients[shard].Watch(ctx, req, f.s.opts...)
 	if err != nil {
 		send(shardBatch{shard: shard, err: err})

@@ -100,7 +100,8 @@ func (c *Sharded) List(ctx context.Context, req *heraldv1.ListRequest, opts ...g
 	prefix := r.NamespacePrefix(req.Namespace)
 	pages := []*heraldv1.ListResponse{first}
 	for _, sh := range clients[1:] {
-		sub := &heraldv1.ListRequest{Resource: req.Resource, LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector, Limit: req.Limit}
+		sub := &heraldv1.ListRequest{Resource: req.Resource, LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector,
+			Selector: req.Selector, Limit: req.Limit}
 		if req.Continue != "" {
 			// The first shard read the token; a token without a revision
 			// (the latest state) gets the first shard's.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/cacheclient/cachetest"
@@ -123,14 +124,15 @@ func TestListRouting(t *testing.T) {
 
 	// Cluster-wide over a split resource: the first shard resolves the
 	// revision, the second serves exactly it.
-	got, err := c.List(ctx, &heraldv1.ListRequest{Resource: "pods", LabelSelector: "app=x", Limit: 10})
+	sel := &heraldv1.Selector{Labels: []*heraldv1.Requirement{{Key: "app", Operator: "=", Values: []string{"x"}}}}
+	got, err := c.List(ctx, &heraldv1.ListRequest{Resource: "pods", LabelSelector: "app=x", Selector: sel, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"/p/1", "/p/2", "/p/3"}; !reflect.DeepEqual(got.Keys, want) || got.Revision != 40 {
 		t.Fatalf("merged %q at %d, want %q at 40", got.Keys, got.Revision, want)
 	}
-	if r := sh[1].Lists()[0]; r.ResourceVersion != "40" || r.ResourceVersionMatch != string(rv.MatchExact) || r.LabelSelector != "app=x" || r.Limit != 10 {
+	if r := sh[1].Lists()[0]; r.ResourceVersion != "40" || r.ResourceVersionMatch != string(rv.MatchExact) || r.LabelSelector != "app=x" || !proto.Equal(r.Selector, sel) || r.Limit != 10 {
 		t.Fatalf("second shard asked %+v, want exactly revision 40 with the same selectors and limit", r)
 	}
 	// A continue token carries the revision to every shard; one without a
@@ -493,7 +495,9 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // a replay that collects first never answers
 	defer cancel()
-	st, err := c.Watch(ctx, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5, LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1", OmitUnchangedPrev: true})
+	sel := &heraldv1.Selector{Labels: []*heraldv1.Requirement{{Key: "app", Operator: "=", Values: []string{"web"}}}}
+	st, err := c.Watch(ctx, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 5, LabelSelector: "app=web", FieldSelector: "spec.nodeName=n1",
+		Selector: sel, OmitUnchangedPrev: true, WithProtobuf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,8 +509,9 @@ func TestReplayStreamsAndCarriesSelectors(t *testing.T) {
 		t.Fatalf("first response: %d events from %d, want at least %d from 20", len(resp.Events), resp.Events[0].Revision, 256)
 	}
 	for i, r := range reqs {
-		if r.LabelSelector != "app=web" || r.FieldSelector != "spec.nodeName=n1" || r.AfterRevision != 5 || !r.OmitUnchangedPrev {
-			t.Errorf("shard %d asked %+v, want the selectors, after 5 and omit_unchanged_prev", i, r)
+		if r.LabelSelector != "app=web" || r.FieldSelector != "spec.nodeName=n1" || !proto.Equal(r.Selector, sel) || r.AfterRevision != 5 ||
+			!r.OmitUnchangedPrev || !r.WithProtobuf {
+			t.Errorf("shard %d asked %+v, want the selectors, after 5, omit_unchanged_prev and with_protobuf", i, r)
 		}
 	}
 }

@@ -137,7 +137,8 @@ func (s *stream) state() func() (*heraldv1.WatchResponse, error) {
 					// revision, under the same selectors: each shard
 					// sends only what the watcher sees.
 					req = &heraldv1.WatchRequest{Resource: req.Resource, Namespace: req.Namespace, InitialEvents: true, StateRevision: rev,
-						LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector, OmitUnchangedPrev: req.OmitUnchangedPrev}
+						LabelSelector: req.LabelSelector, FieldSelector: req.FieldSelector, Selector: req.Selector,
+						OmitUnchangedPrev: req.OmitUnchangedPrev, WithProtobuf: req.WithProtobuf}
 				}
 				var ctx context.Context
 				ctx, cancel = context.WithCancel(s.ctx)
@@ -220,7 +221,8 @@ func (s *stream) replay(after int64) func() (*heraldv1.WatchResponse, error) {
 	return func() (*heraldv1.WatchResponse, error) {
 		if shards == nil {
 			req := &heraldv1.WatchRequest{Resource: s.req.Resource, Namespace: s.req.Namespace, AfterRevision: after,
-				LabelSelector: s.req.LabelSelector, FieldSelector: s.req.FieldSelector, OmitUnchangedPrev: s.req.OmitUnchangedPrev}
+				LabelSelector: s.req.LabelSelector, FieldSelector: s.req.FieldSelector, Selector: s.req.Selector,
+				OmitUnchangedPrev: s.req.OmitUnchangedPrev, WithProtobuf: s.req.WithProtobuf}
 			for i, c := range s.clients {
 				st, err := c.Watch(s.ctx, req, s.opts...)
 				if err != nil {

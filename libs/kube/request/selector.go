@@ -1,14 +1,15 @@
 package request
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 
+	"herald.dev/libs/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-
-	"herald.dev/libs/kube"
+	"k8s.io/apimachinery/pkg/selection"
 )
 
 // Selector decides which objects of one resource a request sees: a
@@ -45,6 +46,66 @@ func ParseSelector(r *kube.Resource, namespace, labelSelector, fieldSelector str
 		Fields:    fs,
 		Empty:     ls.Empty() && fs.Empty(),
 	}, nil
+}
+
+// Requirement is one term of a parsed selector: k8s.io/apimachinery's
+// labels.Requirement or fields.Requirement as plain values (Operator is a
+// selection.Operator; a field's has one value), the form a parsed selector
+// crosses a hop in (libs/proto's Selector).
+type Requirement struct {
+	Key      string
+	Operator string
+	Values   []string
+}
+
+// Requirements returns the terms of s's label and field selectors, as
+// parsed: NewSelector makes the same selector of them.
+func (s *Selector) Requirements() (lbls, flds []Requirement) {
+	if lr, ok := s.Labels.Requirements(); ok {
+		for _, r := range lr {
+			lbls = append(lbls, Requirement{Key: r.Key(), Operator: string(r.Operator()), Values: r.ValuesUnsorted()})
+		}
+	}
+	for _, r := range s.Fields.Requirements() {
+		flds = append(flds, Requirement{Key: r.Field, Operator: string(r.Operator), Values: []string{r.Value}})
+	}
+	return lbls, flds
+}
+
+// NewSelector is ParseSelector for selectors parsed already (Requirements,
+// on the other side of a hop): it checks every term as the parsers and
+// ParseSelector do (the same 400s), but parses no string.
+func NewSelector(r *kube.Resource, namespace string, lbls, flds []Requirement) (*Selector, error) {
+	ls := labels.NewSelector()
+	for _, q := range lbls {
+		req, err := labels.NewRequirement(q.Key, selection.Operator(q.Operator), q.Values)
+		if err != nil {
+			return nil, apierrors.NewBadRequest(err.Error())
+		}
+		ls = ls.Add(*req)
+	}
+	terms := make([]fields.Selector, 0, len(flds))
+	for _, q := range flds {
+		if len(q.Values) != 1 {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("field selector %q: %d values, want 1", q.Key, len(q.Values)))
+		}
+		switch selection.Operator(q.Operator) {
+		case selection.Equals, selection.DoubleEquals:
+			terms = append(terms, fields.OneTermEqualSelector(q.Key, q.Values[0]))
+		case selection.NotEquals:
+			terms = append(terms, fields.OneTermNotEqualSelector(q.Key, q.Values[0]))
+		default:
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("field selector %q: invalid operator %q", q.Key, q.Operator))
+		}
+		if !r.Selectable(q.Key) {
+			return nil, apierrors.NewBadRequest(r.UnknownFieldLabel(q.Key))
+		}
+	}
+	fs := fields.Everything()
+	if len(terms) > 0 {
+		fs = fields.AndSelectors(terms...)
+	}
+	return &Selector{Namespace: namespace, Labels: ls, Fields: fs, Empty: ls.Empty() && fs.Empty()}, nil
 }
 
 // Everything selects every object of the namespace (or of all namespaces).

@@ -378,9 +378,11 @@ type Event struct {
 	// object exactly as kube-apiserver's protobuf serializer writes it (the
 	// "k8s\x00" envelope around runtime.Unknown), made by the cache from the
 	// object it decoded, when it has it: set on the ADDED and MODIFIED
-	// events of built-in kinds the cache applied from the stream (its window),
-	// empty otherwise (DELETED events, custom resources, initial state, deep
-	// replays). A protobuf watcher's frame
+	// events of built-in kinds the cache applied from the stream (its window)
+	// while a following stream of the resource asked with_protobuf, and sent
+	// only to streams that ask with_protobuf; empty otherwise (DELETED
+	// events, custom resources, initial state, deep replays). A protobuf
+	// watcher's frame
 	// is then built from these bytes instead of decoding object's JSON again
 	// (the most expensive step of a protobuf watch event). Never part of what
 	// JSON clients see.
@@ -535,12 +537,21 @@ type ListRequest struct {
 	// The client's resourceVersion and resourceVersionMatch, verbatim.
 	ResourceVersion      string `protobuf:"bytes,4,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	ResourceVersionMatch string `protobuf:"bytes,5,opt,name=resource_version_match,json=resourceVersionMatch,proto3" json:"resource_version_match,omitempty"`
-	LabelSelector        string `protobuf:"bytes,6,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
-	FieldSelector        string `protobuf:"bytes,7,opt,name=field_selector,json=fieldSelector,proto3" json:"field_selector,omitempty"`
+	// The selectors in kube-apiserver syntax, for a cache that does not
+	// read selector (older than it), which parses them. A client sets both
+	// them and selector; a cache that reads selector ignores them when
+	// selector is set.
+	LabelSelector string `protobuf:"bytes,6,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	FieldSelector string `protobuf:"bytes,7,opt,name=field_selector,json=fieldSelector,proto3" json:"field_selector,omitempty"`
 	// Page size; 0 = no limit.
 	Limit int64 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
 	// The client's continue token, verbatim.
-	Continue      string `protobuf:"bytes,9,opt,name=continue,proto3" json:"continue,omitempty"`
+	Continue string `protobuf:"bytes,9,opt,name=continue,proto3" json:"continue,omitempty"`
+	// The label and field selectors as the client parsed them: the cache
+	// validates them against the resource (a field it cannot select on is
+	// InvalidArgument) but parses no string. Unset: label_selector and
+	// field_selector.
+	Selector      *Selector `protobuf:"bytes,10,opt,name=selector,proto3" json:"selector,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +649,132 @@ func (x *ListRequest) GetContinue() string {
 	return ""
 }
 
+func (x *ListRequest) GetSelector() *Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+// Selector is a label and a field selector as kube-apiserver's parsers
+// (k8s.io/apimachinery's labels.Parse and fields.ParseSelector) return
+// them: every requirement must hold.
+type Selector struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        []*Requirement         `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty"`
+	Fields        []*Requirement         `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Selector) Reset() {
+	*x = Selector{}
+	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Selector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Selector) ProtoMessage() {}
+
+func (x *Selector) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Selector.ProtoReflect.Descriptor instead.
+func (*Selector) Descriptor() ([]byte, []int) {
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Selector) GetLabels() []*Requirement {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Selector) GetFields() []*Requirement {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+// Requirement is one term of a selector. operator is
+// k8s.io/apimachinery's selection.Operator: for labels "=", "==", "!=",
+// "in", "notin", "exists", "!" (does not exist), "gt", "lt"; for fields
+// "=", "==", "!=" (with exactly one value).
+type Requirement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Operator      string                 `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Values        []string               `protobuf:"bytes,3,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Requirement) Reset() {
+	*x = Requirement{}
+	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Requirement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Requirement) ProtoMessage() {}
+
+func (x *Requirement) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Requirement.ProtoReflect.Descriptor instead.
+func (*Requirement) Descriptor() ([]byte, []int) {
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Requirement) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Requirement) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *Requirement) GetValues() []string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 type ListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The revision the list reflects.
@@ -658,7 +795,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	mi := &file_herald_v1_herald_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +807,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	mi := &file_herald_v1_herald_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +820,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListResponse) GetRevision() int64 {
@@ -752,7 +889,9 @@ type WatchRequest struct {
 	// watcher are sent: those whose object, or for MODIFIED whose previous
 	// object, matches (an object that stops matching must still reach the
 	// watcher, which sees it as DELETED). BOOKMARKs are always sent, so the
-	// stream still says how far it is complete. Empty: every event.
+	// stream still says how far it is complete. Empty: every event. A
+	// client sets both them and selector (for a cache older than selector);
+	// a cache that reads selector ignores them when selector is set.
 	LabelSelector string `protobuf:"bytes,9,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
 	FieldSelector string `protobuf:"bytes,10,opt,name=field_selector,json=fieldSelector,proto3" json:"field_selector,omitempty"`
 	// The client reads Event.prev_unchanged: send its MODIFIED events
@@ -760,13 +899,21 @@ type WatchRequest struct {
 	// then costs one object on the wire instead of two). A client that does
 	// not set it gets every previous state, whatever version the cache runs.
 	OmitUnchangedPrev bool `protobuf:"varint,11,opt,name=omit_unchanged_prev,json=omitUnchangedPrev,proto3" json:"omit_unchanged_prev,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The client encodes protobuf: send Event.object_protobuf when the
+	// cache has it. A stream that does not set it never carries those
+	// bytes, and the cache encodes an event's object_protobuf only when a
+	// following stream of its resource set it as the event was applied.
+	WithProtobuf bool `protobuf:"varint,12,opt,name=with_protobuf,json=withProtobuf,proto3" json:"with_protobuf,omitempty"`
+	// label_selector and field_selector as the client parsed them (see
+	// ListRequest.selector).
+	Selector      *Selector `protobuf:"bytes,13,opt,name=selector,proto3" json:"selector,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	mi := &file_herald_v1_herald_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +925,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	mi := &file_herald_v1_herald_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +938,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchRequest) GetResource() string {
@@ -871,6 +1018,20 @@ func (x *WatchRequest) GetOmitUnchangedPrev() bool {
 	return false
 }
 
+func (x *WatchRequest) GetWithProtobuf() bool {
+	if x != nil {
+		return x.WithProtobuf
+	}
+	return false
+}
+
+func (x *WatchRequest) GetSelector() *Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
 // WatchResponse carries a batch of events in non-decreasing revision order
 // (events of one transaction share a revision). A response never splits a
 // revision: once it has been received, everything up to the revision of its
@@ -891,7 +1052,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_herald_v1_herald_proto_msgTypes[6]
+	mi := &file_herald_v1_herald_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1064,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[6]
+	mi := &file_herald_v1_herald_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1077,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -981,7 +1142,7 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
 	"\x0fPrevFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x02\n" +
 	"\vListRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -991,14 +1152,23 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x06 \x01(\tR\rlabelSelector\x12%\n" +
 	"\x0efield_selector\x18\a \x01(\tR\rfieldSelector\x12\x14\n" +
 	"\x05limit\x18\b \x01(\x03R\x05limit\x12\x1a\n" +
-	"\bcontinue\x18\t \x01(\tR\bcontinue\"\xc0\x01\n" +
+	"\bcontinue\x18\t \x01(\tR\bcontinue\x12/\n" +
+	"\bselector\x18\n" +
+	" \x01(\v2\x13.herald.v1.SelectorR\bselector\"j\n" +
+	"\bSelector\x12.\n" +
+	"\x06labels\x18\x01 \x03(\v2\x16.herald.v1.RequirementR\x06labels\x12.\n" +
+	"\x06fields\x18\x02 \x03(\v2\x16.herald.v1.RequirementR\x06fields\"S\n" +
+	"\vRequirement\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
+	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\xc0\x01\n" +
 	"\fListResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05items\x18\x02 \x03(\fR\x05items\x12\x1a\n" +
 	"\bcontinue\x18\x03 \x01(\tR\bcontinue\x125\n" +
 	"\x14remaining_item_count\x18\x04 \x01(\x03H\x00R\x12remainingItemCount\x88\x01\x01\x12\x12\n" +
 	"\x04keys\x18\x05 \x03(\tR\x04keysB\x17\n" +
-	"\x15_remaining_item_count\"\x96\x03\n" +
+	"\x15_remaining_item_count\"\xec\x03\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -1013,7 +1183,9 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\t \x01(\tR\rlabelSelector\x12%\n" +
 	"\x0efield_selector\x18\n" +
 	" \x01(\tR\rfieldSelector\x12.\n" +
-	"\x13omit_unchanged_prev\x18\v \x01(\bR\x11omitUnchangedPrev\"9\n" +
+	"\x13omit_unchanged_prev\x18\v \x01(\bR\x11omitUnchangedPrev\x12#\n" +
+	"\rwith_protobuf\x18\f \x01(\bR\fwithProtobuf\x12/\n" +
+	"\bselector\x18\r \x01(\v2\x13.herald.v1.SelectorR\bselector\"9\n" +
 	"\rWatchResponse\x12(\n" +
 	"\x06events\x18\x01 \x03(\v2\x10.herald.v1.EventR\x06events*[\n" +
 	"\tEventType\x12\x1a\n" +
@@ -1039,7 +1211,7 @@ func file_herald_v1_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_v1_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_herald_v1_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_herald_v1_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_herald_v1_herald_proto_goTypes = []any{
 	(EventType)(0),        // 0: herald.v1.EventType
 	(Change_Kind)(0),      // 1: herald.v1.Change.Kind
@@ -1047,32 +1219,38 @@ var file_herald_v1_herald_proto_goTypes = []any{
 	(*Change)(nil),        // 3: herald.v1.Change
 	(*Event)(nil),         // 4: herald.v1.Event
 	(*ListRequest)(nil),   // 5: herald.v1.ListRequest
-	(*ListResponse)(nil),  // 6: herald.v1.ListResponse
-	(*WatchRequest)(nil),  // 7: herald.v1.WatchRequest
-	(*WatchResponse)(nil), // 8: herald.v1.WatchResponse
-	nil,                   // 9: herald.v1.Event.LabelsEntry
-	nil,                   // 10: herald.v1.Event.FieldsEntry
-	nil,                   // 11: herald.v1.Event.PrevLabelsEntry
-	nil,                   // 12: herald.v1.Event.PrevFieldsEntry
+	(*Selector)(nil),      // 6: herald.v1.Selector
+	(*Requirement)(nil),   // 7: herald.v1.Requirement
+	(*ListResponse)(nil),  // 8: herald.v1.ListResponse
+	(*WatchRequest)(nil),  // 9: herald.v1.WatchRequest
+	(*WatchResponse)(nil), // 10: herald.v1.WatchResponse
+	nil,                   // 11: herald.v1.Event.LabelsEntry
+	nil,                   // 12: herald.v1.Event.FieldsEntry
+	nil,                   // 13: herald.v1.Event.PrevLabelsEntry
+	nil,                   // 14: herald.v1.Event.PrevFieldsEntry
 }
 var file_herald_v1_herald_proto_depIdxs = []int32{
 	3,  // 0: herald.v1.Record.changes:type_name -> herald.v1.Change
 	1,  // 1: herald.v1.Change.kind:type_name -> herald.v1.Change.Kind
 	0,  // 2: herald.v1.Event.type:type_name -> herald.v1.EventType
-	9,  // 3: herald.v1.Event.labels:type_name -> herald.v1.Event.LabelsEntry
-	10, // 4: herald.v1.Event.fields:type_name -> herald.v1.Event.FieldsEntry
-	11, // 5: herald.v1.Event.prev_labels:type_name -> herald.v1.Event.PrevLabelsEntry
-	12, // 6: herald.v1.Event.prev_fields:type_name -> herald.v1.Event.PrevFieldsEntry
-	4,  // 7: herald.v1.WatchResponse.events:type_name -> herald.v1.Event
-	5,  // 8: herald.v1.Cache.List:input_type -> herald.v1.ListRequest
-	7,  // 9: herald.v1.Cache.Watch:input_type -> herald.v1.WatchRequest
-	6,  // 10: herald.v1.Cache.List:output_type -> herald.v1.ListResponse
-	8,  // 11: herald.v1.Cache.Watch:output_type -> herald.v1.WatchResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 3: herald.v1.Event.labels:type_name -> herald.v1.Event.LabelsEntry
+	12, // 4: herald.v1.Event.fields:type_name -> herald.v1.Event.FieldsEntry
+	13, // 5: herald.v1.Event.prev_labels:type_name -> herald.v1.Event.PrevLabelsEntry
+	14, // 6: herald.v1.Event.prev_fields:type_name -> herald.v1.Event.PrevFieldsEntry
+	6,  // 7: herald.v1.ListRequest.selector:type_name -> herald.v1.Selector
+	7,  // 8: herald.v1.Selector.labels:type_name -> herald.v1.Requirement
+	7,  // 9: herald.v1.Selector.fields:type_name -> herald.v1.Requirement
+	6,  // 10: herald.v1.WatchRequest.selector:type_name -> herald.v1.Selector
+	4,  // 11: herald.v1.WatchResponse.events:type_name -> herald.v1.Event
+	5,  // 12: herald.v1.Cache.List:input_type -> herald.v1.ListRequest
+	9,  // 13: herald.v1.Cache.Watch:input_type -> herald.v1.WatchRequest
+	8,  // 14: herald.v1.Cache.List:output_type -> herald.v1.ListResponse
+	10, // 15: herald.v1.Cache.Watch:output_type -> herald.v1.WatchResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_herald_v1_herald_proto_init() }
@@ -1080,14 +1258,14 @@ func file_herald_v1_herald_proto_init() {
 	if File_herald_v1_herald_proto != nil {
 		return
 	}
-	file_herald_v1_herald_proto_msgTypes[4].OneofWrappers = []any{}
+	file_herald_v1_herald_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_v1_herald_proto_rawDesc), len(file_herald_v1_herald_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

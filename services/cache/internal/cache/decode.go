@@ -28,6 +28,16 @@ func newDecoder(cfg Config) (*kube.Decoder, error) {
 	return kube.NewDecoder(enc)
 }
 
+// jsonOnly is the shard's decoder for a revision no stream wants in
+// protobuf: it hides kube.Decoder's DecodeWithProtobuf from watchevent.FromChange,
+// which then leaves the events' object_protobuf unmade.
+type jsonOnly struct{ dec *kube.Decoder }
+
+// Decode is kube.Decoder's.
+func (d jsonOnly) Decode(ctx context.Context, r *kube.Resource, key, namespace, name string, value []byte, rev int64) (*kube.Object, error) {
+	return d.dec.Decode(ctx, r, key, namespace, name, value, rev)
+}
+
 // skipUndecodable counts a stored value of r that is not served and logs it
 // in one line naming resource, key, revision and reason (err never quotes
 // a decrypted byte).

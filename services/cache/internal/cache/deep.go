@@ -31,7 +31,7 @@ import (
 // of each object met on the way is kept. The caller holds a deep-replay slot
 // (see deepSlot); the replay stops as soon as ctx ends (its client went
 // away).
-func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*heraldv1.Event) error) error {
+func (s *Shard) deepReplay(ctx context.Context, rs *resourceState, namespace string, after, upTo int64, send func(*event) error) error {
 	tooOld := func() error {
 		return status.Error(codes.OutOfRange, fmt.Sprintf("too old resource version: %d (%d)", after, upTo+1))
 	}
@@ -139,7 +139,7 @@ func (s *Shard) deepSlot(ctx context.Context, started func() error) (release fun
 }
 
 // historicEvent rebuilds the event of one change read from the stream.
-func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace string, rev int64, c *heraldv1.Change, seen map[string]*kube.Object) (*heraldv1.Event, error) {
+func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace string, rev int64, c *heraldv1.Change, seen map[string]*kube.Object) (*event, error) {
 	r, ns, name, ok := s.reg.ParseKey(c.Key)
 	if !ok || !slices.Contains(r.Readers(), rs.res) || (namespace != "" && ns != namespace) {
 		return nil, nil
@@ -148,14 +148,17 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	if _, owned := s.owns(r, ns); !owned {
 		return nil, nil
 	}
-	ev, obj, err := watchevent.FromChange(ctx, s.history, r, ns, name, rev, c, func() (*kube.Object, error) {
+	var prev *kube.Object
+	ev, obj, err := watchevent.FromChange(ctx, s.history, r, ns, name, rev, c, func() (o *kube.Object, err error) {
 		switch {
 		case c.Kind == heraldv1.Change_DELETE:
-			return seen[c.Key], nil
+			prev = seen[c.Key]
 		case c.CreateRevision == rev:
-			return nil, nil // created at rev: there was nothing before
+			// created at rev: there was nothing before
+		default:
+			prev, err = s.previous(ctx, r, ns, name, c.Key, rev, seen)
 		}
-		return s.previous(ctx, r, ns, name, c.Key, rev, seen)
+		return prev, err
 	})
 	if errors.Is(err, kube.ErrInvalidObject) {
 		return nil, nil // skipped when it was applied, too
@@ -169,7 +172,10 @@ func (s *Shard) historicEvent(ctx context.Context, rs *resourceState, namespace 
 	case c.Kind == heraldv1.Change_DELETE:
 		delete(seen, c.Key)
 	}
-	return ev, nil
+	if ev == nil {
+		return nil, nil
+	}
+	return prepared(ev, prev), nil
 }
 
 // previous returns the object's state just before rev.

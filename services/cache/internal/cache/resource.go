@@ -5,11 +5,11 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/btree"
 
 	"herald.dev/libs/kube"
-	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // entry is one current object in a resource's tree, ordered by key.
@@ -26,7 +26,7 @@ type tree = btree.BTreeG[*entry]
 // state of the resource right after it (a copy-on-write clone of the tree).
 type slot struct {
 	rev    int64
-	events []*heraldv1.Event
+	events []*event
 	state  *tree
 }
 
@@ -79,6 +79,9 @@ type resourceState struct {
 	windowStart int64
 	base        *tree
 	subs        map[*subscriber]struct{}
+	// protobufSubs: how many of subs asked with_protobuf (written under
+	// mu, read by the apply goroutine before it decodes a revision).
+	protobufSubs atomic.Int32
 }
 
 func newResourceState(res *kube.Resource, capacity int) *resourceState {
@@ -139,6 +142,7 @@ func (r *resourceState) reset(t *tree, rev int64) {
 		s.cut(errResync)
 	}
 	r.subs = map[*subscriber]struct{}{}
+	r.protobufSubs.Store(0)
 }
 
 // applyRevision applies one revision's changes of this resource (puts[i] is
@@ -146,7 +150,7 @@ func (r *resourceState) reset(t *tree, rev int64) {
 // window, dropping the oldest revisions beyond capacity, and queues them on
 // every subscriber, cutting off those whose queue is full. It runs on the
 // shard's single apply goroutine.
-func (r *resourceState) applyRevision(rev int64, evs []*heraldv1.Event, puts []*kube.Object, keys []string) {
+func (r *resourceState) applyRevision(rev int64, evs []*event, puts []*kube.Object, keys []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, k := range keys {
@@ -168,7 +172,7 @@ func (r *resourceState) applyRevision(rev int64, evs []*heraldv1.Event, puts []*
 	}
 	for s := range r.subs {
 		if !s.send(evs) {
-			delete(r.subs, s)
+			r.removeLocked(s)
 		}
 	}
 }
@@ -181,7 +185,7 @@ func (r *resourceState) bookmark(rev int64) {
 	if len(r.subs) == 0 {
 		return
 	}
-	ev := []*heraldv1.Event{{Type: heraldv1.EventType_BOOKMARK, Revision: rev}}
+	ev := []*event{bookmark(rev)}
 	for s := range r.subs {
 		s.offer(ev)
 	}
@@ -227,7 +231,7 @@ type watchStart struct {
 	// state: with initial events, the state at from; else nil.
 	state *snapshot
 	// events: the window's events in (from, head], in order.
-	events []*heraldv1.Event
+	events []*event
 	// head: the window's head. A subscriber registered with this start is
 	// queued every revision after head and none before.
 	head int64
@@ -277,8 +281,13 @@ func (r *resourceState) watch(from int64, withState bool, head int64, sub *subsc
 func (r *resourceState) unsubscribe(sub *subscriber) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.subs, sub)
+	r.removeLocked(sub)
 }
+
+// wantsProtobuf reports whether a following stream asked with_protobuf:
+// only then does the shard encode the protobuf of the objects it applies
+// (watchevent.FromChange), once per event, for all of them.
+func (r *resourceState) wantsProtobuf() bool { return r.protobufSubs.Load() > 0 }
 
 // queued is the number of revisions queued on the subscribers, not yet sent.
 func (r *resourceState) queued() int {
@@ -294,6 +303,19 @@ func (r *resourceState) queued() int {
 func (r *resourceState) subscribeLocked(sub *subscriber) {
 	if sub != nil {
 		r.subs[sub] = struct{}{}
+		if sub.protobuf {
+			r.protobufSubs.Add(1)
+		}
+	}
+}
+
+func (r *resourceState) removeLocked(sub *subscriber) {
+	if _, ok := r.subs[sub]; !ok {
+		return
+	}
+	delete(r.subs, sub)
+	if sub.protobuf {
+		r.protobufSubs.Add(-1)
 	}
 }
 
@@ -334,12 +356,12 @@ func (r *resourceState) stateAtLocked(rev, head int64) (snapshot, error) {
 
 // sinceLocked returns the window's events after rev in order, or a
 // *tooOldError when rev is older than the window.
-func (r *resourceState) sinceLocked(rev int64) ([]*heraldv1.Event, error) {
+func (r *resourceState) sinceLocked(rev int64) ([]*event, error) {
 	if rev < r.windowStart {
 		return nil, &tooOldError{rev: rev, start: r.windowStart}
 	}
 	i := sort.Search(len(r.window), func(i int) bool { return r.window[i].rev > rev })
-	var out []*heraldv1.Event
+	var out []*event
 	for _, s := range r.window[i:] {
 		out = append(out, s.events...)
 	}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
@@ -88,9 +89,9 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if err != nil {
 		return nil, errStatus(err)
 	}
-	sel, err := request.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := selector(rs.res, req.Namespace, req.Selector, req.LabelSelector, req.FieldSelector)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	if plan.Mode == rv.ListAny && rs.res.Stored().NotWatchCached {
 		// kube-apiserver lists a resource it does not watch-cache from
@@ -226,14 +227,15 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		return err
 	}
 	rs = v.s.current(rs)
-	sel, err := request.ParseSelector(rs.res, req.Namespace, req.LabelSelector, req.FieldSelector)
+	sel, err := selector(rs.res, req.Namespace, req.Selector, req.LabelSelector, req.FieldSelector)
 	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return err
 	}
-	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev}
+	w := &watchSender{stream: stream, sel: sel, omitPrev: req.OmitUnchangedPrev, withProtobuf: req.WithProtobuf}
 	var sub *subscriber
 	if req.Follow {
 		sub = newSubscriber(v.s.cfg.SubscriberBuffer)
+		sub.protobuf = req.WithProtobuf
 	}
 	start, bookmarked, err := v.watchStart(ctx, req, rs, sub, w)
 	if err != nil {
@@ -253,6 +255,31 @@ func (v *Server) Watch(req *heraldv1.WatchRequest, stream heraldv1.Cache_WatchSe
 		return nil
 	}
 	return v.follow(ctx, sub, w, start.head)
+}
+
+// selector is a request's namespace and selectors: sel as the client parsed
+// them when it sent them (checked, not parsed again), else the strings.
+// Errors are InvalidArgument statuses.
+func selector(r *kube.Resource, namespace string, sel *heraldv1.Selector, labelSelector, fieldSelector string) (*request.Selector, error) {
+	var s *request.Selector
+	var err error
+	if sel != nil {
+		s, err = request.NewSelector(r, namespace, requirements(sel.Labels), requirements(sel.Fields))
+	} else {
+		s, err = request.ParseSelector(r, namespace, labelSelector, fieldSelector)
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return s, nil
+}
+
+func requirements(rs []*heraldv1.Requirement) []request.Requirement {
+	out := make([]request.Requirement, len(rs))
+	for i, r := range rs {
+		out[i] = request.Requirement{Key: r.Key, Operator: r.Operator, Values: r.Values}
+	}
+	return out
 }
 
 // waitForWatch waits until the shard has reached the revision req needs:
@@ -389,51 +416,31 @@ const (
 // state: its ADDED events carry their objects' own revisions and are
 // followed by a bookmark, so they may be cut anywhere.
 type watchSender struct {
-	stream   heraldv1.Cache_WatchServer
-	sel      *request.Selector // the request's namespace and selectors
-	omitPrev bool              // the request's omit_unchanged_prev
-	events   []*heraldv1.Event
-	bytes    int // of the events' objects
-	inState  bool
+	stream       heraldv1.Cache_WatchServer
+	sel          *request.Selector // the request's namespace and selectors
+	omitPrev     bool              // the request's omit_unchanged_prev
+	withProtobuf bool              // the request's with_protobuf
+	events       []*heraldv1.Event
+	bytes        int // of the events' objects
+	inState      bool
 }
 
 // add appends ev to the response being built, sending it first when full.
-func (w *watchSender) add(ev *heraldv1.Event) error {
-	if n := len(w.events); (n >= watchBatch || w.bytes >= watchBatchBytes) && (w.inState || w.events[n-1].Revision != ev.Revision) {
+func (w *watchSender) add(e *event) error {
+	if n := len(w.events); (n >= watchBatch || w.bytes >= watchBatchBytes) && (w.inState || w.events[n-1].Revision != e.Revision) {
 		if err := w.flush(); err != nil {
 			return err
 		}
 	}
-	if w.omitPrev && ev.PrevUnchanged {
-		ev = withoutPrev(ev)
-	}
+	ev := wire(e, w.omitPrev, w.withProtobuf)
 	w.events = append(w.events, ev)
 	w.bytes += len(ev.Object) + len(ev.PrevObject) + len(ev.ObjectProtobuf)
 	return nil
 }
 
-// withoutPrev is ev without its previous state, for a stream that asked
-// for omit_unchanged_prev. The window keeps ev whole: other streams may
-// not have asked. It shares ev's bytes and maps, which nobody modifies.
-func withoutPrev(ev *heraldv1.Event) *heraldv1.Event {
-	return &heraldv1.Event{
-		Type:             ev.Type,
-		Revision:         ev.Revision,
-		Namespace:        ev.Namespace,
-		Name:             ev.Name,
-		Object:           ev.Object,
-		Labels:           ev.Labels,
-		Fields:           ev.Fields,
-		ObservedUnixNano: ev.ObservedUnixNano,
-		Traceparent:      ev.Traceparent,
-		ObjectProtobuf:   ev.ObjectProtobuf,
-		PrevUnchanged:    true,
-	}
-}
-
 // addFiltered adds ev unless it cannot concern the request's watcher (see
 // concerns).
-func (w *watchSender) addFiltered(ev *heraldv1.Event) error {
+func (w *watchSender) addFiltered(ev *event) error {
 	if !w.concerns(ev) {
 		return nil
 	}
@@ -444,7 +451,7 @@ func (w *watchSender) addFiltered(ev *heraldv1.Event) error {
 // selectors can see ev: bookmarks always, an event whose object matches,
 // and a MODIFIED whose previous object matched (the watcher sees the object
 // leave its selection as DELETED). The watcher decides the transition.
-func (w *watchSender) concerns(ev *heraldv1.Event) bool {
+func (w *watchSender) concerns(ev *event) bool {
 	switch {
 	case ev.Type == heraldv1.EventType_BOOKMARK:
 		return true
@@ -477,8 +484,8 @@ func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool
 			if !w.sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
 				return true
 			}
-			err = w.add(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
-				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields})
+			err = w.add(wireEvent(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
+				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields}))
 			return err == nil
 		})
 		if err != nil {
@@ -502,6 +509,6 @@ func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool
 	return w.flush()
 }
 
-func bookmark(rev int64) *heraldv1.Event {
-	return &heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: rev}
+func bookmark(rev int64) *event {
+	return wireEvent(&heraldv1.Event{Type: heraldv1.EventType_BOOKMARK, Revision: rev})
 }

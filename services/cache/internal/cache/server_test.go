@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"fmt"
-	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"herald.dev/libs/kube"
@@ -146,7 +144,7 @@ func TestWatchBatchesBoundedByBytes(t *testing.T) {
 	obj := make([]byte, 50<<10)
 	add := func(rev int64, n int) {
 		for range n {
-			if err := w.add(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: obj, PrevObject: obj[:10<<10]}); err != nil {
+			if err := w.add(wireEvent(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: rev, Object: obj, PrevObject: obj[:10<<10]})); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -299,7 +297,7 @@ func TestWatchSelectorsKeepTransitions(t *testing.T) {
 		{"modified, unchanged selection, matching", unchanged(ev(heraldv1.EventType_MODIFIED, "a", web, n1, nil, nil)), true},
 		{"modified, unchanged selection, not matching", unchanged(ev(heraldv1.EventType_MODIFIED, "a", db, n1, nil, nil)), false},
 	} {
-		if got := w.concerns(c.ev); got != c.want {
+		if got := w.concerns(wireEvent(c.ev)); got != c.want {
 			t.Errorf("%s: concerns = %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -311,91 +309,65 @@ func unchanged(ev *heraldv1.Event) *heraldv1.Event {
 }
 
 // A stream that asks for omit_unchanged_prev gets a MODIFIED event whose
-// labels and fields did not change without its previous state; every other
-// event, and every event of a stream that did not ask, whole. The window
-// keeps each event whole either way.
-func TestWatchOmitsUnchangedPrev(t *testing.T) {
+// labels and fields did not change without its previous state, which the
+// window does not hold either (only the previous object, shared); a stream
+// that did not ask gets it made for it, under the event's revision. Every
+// other event goes whole. Only a stream that asks with_protobuf gets the
+// objects' protobuf. The window's events are never changed.
+func TestWatchPrevAndProtobufAsAsked(t *testing.T) {
 	rs := newWindow(t, 100)
 	apply(t, rs, 11, put("a", "p1"), put("a", "p2"))
 	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
-	f := map[string]string{"metadata.name": "p1", "metadata.namespace": "a"}
-	modified := func(name string, l, pl map[string]string) *heraldv1.Event {
-		return &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "a", Name: name,
-			Object: []byte(`{"new":1}`), Labels: l, Fields: f, ObjectProtobuf: []byte("k8s\x00"), ObservedUnixNano: 7, Traceparent: "tp",
-			PrevObject: []byte(`{"old":1}`), PrevLabels: pl, PrevFields: f, PrevUnchanged: maps.Equal(l, pl)}
+	prev, err := testPrepare(rs.res, "a", "p1", []byte(`{"metadata":{"name":"p1","namespace":"a","labels":{"app":"web"}}}`), 11)
+	if err != nil {
+		t.Fatal(err)
 	}
-	evs := []*heraldv1.Event{modified("p1", web, web), modified("p2", db, web)}
-	rs.applyRevision(12, evs, []*kube.Object{nil, nil}, []string{rs.res.ObjectKey("a", "p1"), rs.res.ObjectKey("a", "p2")})
+	f := prev.Fields
+	p1 := &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "a", Name: "p1",
+		Object: []byte(`{"new":1}`), Labels: web, Fields: f, ObjectProtobuf: []byte("k8s\x00"), ObservedUnixNano: 7, Traceparent: "tp",
+		PrevUnchanged: true}
+	p2 := &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "a", Name: "p2",
+		Object: []byte(`{"new":2}`), Labels: db, Fields: f, ObjectProtobuf: []byte("k8s\x00"), ObservedUnixNano: 7, Traceparent: "tp",
+		PrevObject: []byte(`{"old":2}`), PrevLabels: web, PrevFields: f}
+	window := []*heraldv1.Event{proto.CloneOf(p1), proto.CloneOf(p2)}
+	rs.applyRevision(12, []*event{prepared(window[0], prev), prepared(window[1], nil)}, []*kube.Object{nil, nil},
+		[]string{rs.res.ObjectKey("a", "p1"), rs.res.ObjectKey("a", "p2")})
 	v, _ := testServer(t, rs, 12, 8)
 
 	for _, omit := range []bool{false, true} {
-		_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 11, OmitUnchangedPrev: omit})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []*heraldv1.Event
-		for _, r := range resps {
-			for _, ev := range r {
-				if ev.Type == heraldv1.EventType_MODIFIED {
-					got = append(got, ev)
+		for _, withProtobuf := range []bool{false, true} {
+			_, resps, err := watch(t, v, &heraldv1.WatchRequest{Resource: "pods", AfterRevision: 11, OmitUnchangedPrev: omit, WithProtobuf: withProtobuf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []*heraldv1.Event
+			for _, r := range resps {
+				for _, ev := range r {
+					if ev.Type == heraldv1.EventType_MODIFIED {
+						got = append(got, ev)
+					}
 				}
 			}
-		}
-		if len(got) != 2 {
-			t.Fatalf("omit %v: %d MODIFIED events, want 2", omit, len(got))
-		}
-		want := evs[0]
-		if omit {
-			want = &heraldv1.Event{Type: evs[0].Type, Revision: 12, Namespace: "a", Name: "p1", Object: evs[0].Object, Labels: web, Fields: f,
-				ObjectProtobuf: evs[0].ObjectProtobuf, ObservedUnixNano: 7, Traceparent: "tp", PrevUnchanged: true}
-		}
-		if !proto.Equal(got[0], want) {
-			t.Errorf("omit %v, selection unchanged: sent %v, want %v", omit, got[0], want)
-		}
-		if !proto.Equal(got[1], evs[1]) {
-			t.Errorf("omit %v, labels changed: sent %v, want it whole %v", omit, got[1], evs[1])
-		}
-	}
-	if len(evs[0].PrevObject) == 0 || evs[0].PrevLabels == nil {
-		t.Errorf("the window's event lost its previous state: %v", evs[0])
-	}
-}
-
-// withoutPrev copies every field of an event but the previous state's,
-// including fields added to Event later.
-func TestWithoutPrevKeepsEveryOtherField(t *testing.T) {
-	full := &heraldv1.Event{}
-	m := full.ProtoReflect()
-	fds := m.Descriptor().Fields()
-	for i := range fds.Len() {
-		fd := fds.Get(i)
-		switch {
-		case fd.IsMap():
-			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString(string(fd.Name())))
-		case fd.Kind() == protoreflect.EnumKind:
-			m.Set(fd, protoreflect.ValueOfEnum(1))
-		case fd.Kind() == protoreflect.Int64Kind:
-			m.Set(fd, protoreflect.ValueOfInt64(int64(fd.Number())))
-		case fd.Kind() == protoreflect.StringKind:
-			m.Set(fd, protoreflect.ValueOfString(string(fd.Name())))
-		case fd.Kind() == protoreflect.BytesKind:
-			m.Set(fd, protoreflect.ValueOfBytes([]byte(fd.Name())))
-		case fd.Kind() == protoreflect.BoolKind:
-			m.Set(fd, protoreflect.ValueOfBool(true))
-		default:
-			t.Fatalf("field %s of kind %v: teach this test to set it", fd.Name(), fd.Kind())
+			if len(got) != 2 {
+				t.Fatalf("omit %v, protobuf %v: %d MODIFIED events, want 2", omit, withProtobuf, len(got))
+			}
+			want1, want2 := proto.CloneOf(p1), proto.CloneOf(p2)
+			if !omit {
+				want1.PrevObject, want1.PrevLabels, want1.PrevFields = prev.WithRev(12), web, f
+			}
+			if !withProtobuf {
+				want1.ObjectProtobuf, want2.ObjectProtobuf = nil, nil
+			}
+			if !proto.Equal(got[0], want1) {
+				t.Errorf("omit %v, protobuf %v, selection unchanged: sent %v, want %v", omit, withProtobuf, got[0], want1)
+			}
+			if !proto.Equal(got[1], want2) {
+				t.Errorf("omit %v, protobuf %v, labels changed: sent %v, want %v", omit, withProtobuf, got[1], want2)
+			}
 		}
 	}
-	out := withoutPrev(full).ProtoReflect()
-	for i := range fds.Len() {
-		fd := fds.Get(i)
-		prev := strings.HasPrefix(string(fd.Name()), "prev_") && fd.Name() != "prev_unchanged"
-		if prev && out.Has(fd) {
-			t.Errorf("%s kept", fd.Name())
-		}
-		if !prev && !out.Get(fd).Equal(m.Get(fd)) {
-			t.Errorf("%s = %v, want %v", fd.Name(), out.Get(fd), m.Get(fd))
-		}
+	if !proto.Equal(window[0], p1) || !proto.Equal(window[1], p2) {
+		t.Errorf("the window's events changed: %v, %v", window[0], window[1])
 	}
 }
 

@@ -681,7 +681,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 	}
 	rev := rec.Revision
 	type batch struct {
-		evs  []*heraldv1.Event
+		evs  []*event
 		objs []*kube.Object
 		keys []string
 	}
@@ -704,7 +704,18 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				}
 				continue
 			}
-			ev, obj, err := watchevent.FromChange(context.Background(), s.dec, r, ns, name, rev, c, func() (*kube.Object, error) { return rs.get(c.Key), nil })
+			// The protobuf of the object only if a following stream
+			// wants it now: made once, here, where the typed object is
+			// at hand, and shared by every stream that asked.
+			var dec watchevent.ValueDecoder = jsonOnly{s.dec}
+			if rs.wantsProtobuf() {
+				dec = s.dec
+			}
+			var prev *kube.Object
+			ev, obj, err := watchevent.FromChange(context.Background(), dec, r, ns, name, rev, c, func() (*kube.Object, error) {
+				prev = rs.get(c.Key)
+				return prev, nil
+			})
 			if err != nil {
 				s.skipUndecodable(r, c.Key, rev, err)
 				continue
@@ -721,7 +732,7 @@ func (s *Shard) apply(rec *heraldv1.Record) {
 				b = &batch{}
 				batches[rs] = b
 			}
-			b.evs = append(b.evs, ev)
+			b.evs = append(b.evs, prepared(ev, prev))
 			b.objs = append(b.objs, obj)
 			b.keys = append(b.keys, c.Key)
 		}

@@ -3,8 +3,6 @@ package cache
 import (
 	"errors"
 	"sync"
-
-	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // Why a window cuts a subscriber off. Both tell the watcher to resume from
@@ -31,19 +29,21 @@ var (
 //   - Once cut, nothing more is queued, and err() says why; what was queued
 //     before the cut may still be drained but is not a complete history.
 type subscriber struct {
-	ch     chan []*heraldv1.Event
+	ch     chan []*event
 	cutoff chan struct{} // closed when cut off
 	once   sync.Once
 	cause  error // set once, before cutoff is closed
+	// protobuf: the stream asked with_protobuf (resourceState.wantsProtobuf).
+	protobuf bool
 }
 
 // newSubscriber returns a subscriber that holds up to buffer revisions.
 func newSubscriber(buffer int) *subscriber {
-	return &subscriber{ch: make(chan []*heraldv1.Event, buffer), cutoff: make(chan struct{})}
+	return &subscriber{ch: make(chan []*event, buffer), cutoff: make(chan struct{})}
 }
 
 // events is the queue: one revision's events, or one bookmark, per receive.
-func (s *subscriber) events() <-chan []*heraldv1.Event { return s.ch }
+func (s *subscriber) events() <-chan []*event { return s.ch }
 
 // done is closed when the subscriber is cut off; err then says why.
 func (s *subscriber) done() <-chan struct{} { return s.cutoff }
@@ -64,7 +64,7 @@ func (s *subscriber) queued() int { return len(s.ch) }
 
 // send queues one revision's events or cuts the subscriber off; false means
 // it is (now or already) cut off.
-func (s *subscriber) send(evs []*heraldv1.Event) bool {
+func (s *subscriber) send(evs []*event) bool {
 	select {
 	case <-s.cutoff:
 		return false
@@ -80,7 +80,7 @@ func (s *subscriber) send(evs []*heraldv1.Event) bool {
 }
 
 // offer queues events only if there is room (bookmarks).
-func (s *subscriber) offer(evs []*heraldv1.Event) {
+func (s *subscriber) offer(evs []*event) {
 	select {
 	case s.ch <- evs:
 	default:

@@ -60,9 +60,9 @@ func del(ns, name string) change { return change{ns: ns, name: name, del: true} 
 
 // apply applies one revision of changes as the shard does: one event per
 // change, the objects prepared at rev.
-func apply(t testing.TB, rs *resourceState, rev int64, cs ...change) []*heraldv1.Event {
+func apply(t testing.TB, rs *resourceState, rev int64, cs ...change) []*event {
 	t.Helper()
-	var evs []*heraldv1.Event
+	var evs []*event
 	var objs []*kube.Object
 	var keys []string
 	for _, c := range cs {
@@ -77,7 +77,7 @@ func apply(t testing.TB, rs *resourceState, rev int64, cs ...change) []*heraldv1
 			}
 			obj = o
 		}
-		evs = append(evs, ev)
+		evs = append(evs, wireEvent(ev))
 		objs = append(objs, obj)
 		keys = append(keys, rs.res.ObjectKey(c.ns, c.name))
 	}
@@ -87,10 +87,13 @@ func apply(t testing.TB, rs *resourceState, rev int64, cs ...change) []*heraldv1
 
 // revs lists the events' revisions and names as "rev:name" ("rev:" for a
 // bookmark), in order.
-func revs(evs []*heraldv1.Event) []string {
+func revs[E interface {
+	GetRevision() int64
+	GetName() string
+}](evs []E) []string {
 	out := make([]string, 0, len(evs))
 	for _, ev := range evs {
-		out = append(out, fmt.Sprintf("%d:%s", ev.Revision, ev.Name))
+		out = append(out, fmt.Sprintf("%d:%s", ev.GetRevision(), ev.GetName()))
 	}
 	return out
 }
@@ -107,8 +110,8 @@ func names(s snapshot) []string {
 }
 
 // drain returns what is queued on sub, without waiting.
-func drain(sub *subscriber) []*heraldv1.Event {
-	var out []*heraldv1.Event
+func drain(sub *subscriber) []*event {
+	var out []*event
 	for {
 		select {
 		case evs := <-sub.events():
@@ -518,7 +521,7 @@ func TestWindowSubscribeNoGapNoDuplicate(t *testing.T) {
 		i := sort.Search(len(all), func(i int) bool { return all[i].rev > w.start.from })
 		exp := all[i:]
 		n := 0
-		check := func(ev *heraldv1.Event) {
+		check := func(ev *event) {
 			if n >= len(exp) || ev.Revision != exp[n].rev || ev.Name != exp[n].name {
 				t.Fatalf("watch from %d (head %d): event %d is %d:%s, want %v", w.start.from, w.start.head, n, ev.Revision, ev.Name, exp[min(n, len(exp)-1):][:1])
 			}

@@ -44,6 +44,14 @@ var _ ProtobufDecoder = (*kube.Decoder)(nil)
 // did not exist; Event calls it only when the event needs it (for a PUT,
 // once its value proved valid).
 //
+// A MODIFIED event carries the previous state (prev_object, prev_labels,
+// prev_fields) only when its labels or selectable fields differ from the
+// new object's; otherwise it is marked prev_unchanged and carries none of
+// it, so that the previous object's JSON is not copied under the new
+// revision for every update when nearly every stream asks to omit it
+// (omit_unchanged_prev). A consumer that serves a stream which did not ask
+// makes it then from the object prev returned: PrevState.
+//
 // It returns the event and, for a PUT, the object now stored at the key. ev
 // is nil when there is nothing to send: the delete of an object the
 // consumer never knew and whose previous value ingest did not carry, or a
@@ -70,8 +78,10 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 		}
 		if p != nil {
 			ev.Type = heraldv1.EventType_MODIFIED
-			ev.PrevObject, ev.PrevLabels, ev.PrevFields = p.WithRev(rev), p.Labels, p.Fields
 			ev.PrevUnchanged = maps.Equal(p.Labels, obj.Labels) && maps.Equal(p.Fields, obj.Fields)
+			if !ev.PrevUnchanged {
+				ev.PrevObject, ev.PrevLabels, ev.PrevFields = p.WithRev(rev), p.Labels, p.Fields
+			}
 		}
 		return ev, obj, nil
 	case heraldv1.Change_DELETE:
@@ -91,4 +101,43 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 		return ev, nil, nil
 	}
 	return nil, nil, nil
+}
+
+// PrevState is ev, a MODIFIED event Event marked prev_unchanged, with the
+// previous state it left out: prev (the object Event's prev returned) under
+// ev's revision, for a stream that did not ask omit_unchanged_prev. It
+// shares everything else with ev; ev itself is unchanged.
+func PrevState(ev *heraldv1.Event, prev *kube.Object) *heraldv1.Event {
+	full := shallowCopy(ev)
+	full.PrevObject, full.PrevLabels, full.PrevFields = prev.WithRev(ev.Revision), prev.Labels, prev.Fields
+	return full
+}
+
+// WithoutProtobuf is ev without object_protobuf, for a stream that did not
+// ask with_protobuf. It shares everything else with ev.
+func WithoutProtobuf(ev *heraldv1.Event) *heraldv1.Event {
+	out := shallowCopy(ev)
+	out.ObjectProtobuf = nil
+	return out
+}
+
+// shallowCopy is a new Event sharing ev's bytes and maps (nobody modifies
+// them).
+func shallowCopy(ev *heraldv1.Event) *heraldv1.Event {
+	return &heraldv1.Event{
+		Type:             ev.Type,
+		Revision:         ev.Revision,
+		Namespace:        ev.Namespace,
+		Name:             ev.Name,
+		Object:           ev.Object,
+		Labels:           ev.Labels,
+		Fields:           ev.Fields,
+		PrevObject:       ev.PrevObject,
+		PrevLabels:       ev.PrevLabels,
+		PrevFields:       ev.PrevFields,
+		ObservedUnixNano: ev.ObservedUnixNano,
+		Traceparent:      ev.Traceparent,
+		ObjectProtobuf:   ev.ObjectProtobuf,
+		PrevUnchanged:    ev.PrevUnchanged,
+	}
 }

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -167,10 +171,21 @@ func TestEventPrevUnchanged(t *testing.T) {
 		if ev.Type != heraldv1.EventType_MODIFIED || ev.PrevUnchanged != tc.want {
 			t.Errorf("%s: %v, prev_unchanged %v, want MODIFIED, %v", tc.name, ev.Type, ev.PrevUnchanged, tc.want)
 		}
-		// The event itself always carries the previous state; only a
-		// stream that asks leaves it out (the cache's watchSender).
-		if string(ev.PrevObject) != string(old.WithRev(10)) || ev.PrevFields["spec.nodeName"] != "n1" {
-			t.Errorf("%s: previous object %s, fields %v", tc.name, ev.PrevObject, ev.PrevFields)
+		// The previous state travels only when a selector can tell it
+		// apart; otherwise it is not copied at all, and PrevState makes
+		// it for a stream that wants it anyway.
+		full := ev
+		if tc.want {
+			if ev.PrevObject != nil || ev.PrevLabels != nil || ev.PrevFields != nil {
+				t.Errorf("%s: previous state %s %v %v made, want none", tc.name, ev.PrevObject, ev.PrevLabels, ev.PrevFields)
+			}
+			full = PrevState(ev, old)
+			if ev.PrevObject != nil || full.Object == nil || string(full.Object) != string(ev.Object) || !full.PrevUnchanged {
+				t.Errorf("%s: PrevState changed its event or lost its object", tc.name)
+			}
+		}
+		if string(full.PrevObject) != string(old.WithRev(10)) || full.PrevFields["spec.nodeName"] != "n1" || full.PrevLabels["app"] != "x" {
+			t.Errorf("%s: previous object %s, labels %v, fields %v", tc.name, full.PrevObject, full.PrevLabels, full.PrevFields)
 		}
 	}
 	created, _, err := FromChange(context.Background(), dec, pods, "default", "a", 10,
@@ -197,4 +212,73 @@ func resource(t testing.TB, reg *kube.Registry, id string) *kube.Resource {
 		t.Fatalf("no resource %s", id)
 	}
 	return r
+}
+
+// WithoutProtobuf and PrevState copy every field of an event but the ones
+// they change, including fields added to Event later, and leave the event
+// itself alone.
+func TestEventCopiesKeepEveryOtherField(t *testing.T) {
+	full := &heraldv1.Event{}
+	m := full.ProtoReflect()
+	fds := m.Descriptor().Fields()
+	for i := range fds.Len() {
+		fd := fds.Get(i)
+		switch {
+		case fd.IsMap():
+			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString(string(fd.Name())))
+		case fd.Kind() == protoreflect.EnumKind:
+			m.Set(fd, protoreflect.ValueOfEnum(1))
+		case fd.Kind() == protoreflect.Int64Kind:
+			m.Set(fd, protoreflect.ValueOfInt64(int64(fd.Number())))
+		case fd.Kind() == protoreflect.StringKind:
+			m.Set(fd, protoreflect.ValueOfString(string(fd.Name())))
+		case fd.Kind() == protoreflect.BytesKind:
+			m.Set(fd, protoreflect.ValueOfBytes([]byte(fd.Name())))
+		case fd.Kind() == protoreflect.BoolKind:
+			m.Set(fd, protoreflect.ValueOfBool(true))
+		default:
+			t.Fatalf("field %s of kind %v: teach this test to set it", fd.Name(), fd.Kind())
+		}
+	}
+	orig := proto.CloneOf(full)
+	pods := resource(t, testRegistry(t), "pods")
+	dec, err := kube.NewDecoder(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := dec.Decode(context.Background(), pods, "/registry/pods/default/a", "default", "a",
+		[]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"default","labels":{"app":"x"}}}`), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		out     *heraldv1.Event
+		changed map[protoreflect.Name]protoreflect.Value
+	}{
+		{"WithoutProtobuf", WithoutProtobuf(full), map[protoreflect.Name]protoreflect.Value{"object_protobuf": protoreflect.ValueOfBytes(nil)}},
+		{"PrevState", PrevState(full, prev), map[protoreflect.Name]protoreflect.Value{
+			"prev_object": protoreflect.ValueOfBytes(prev.WithRev(full.Revision))}},
+	} {
+		out := tc.out.ProtoReflect()
+		for i := range fds.Len() {
+			fd := fds.Get(i)
+			want, changed := tc.changed[fd.Name()]
+			if !changed {
+				want = m.Get(fd)
+			}
+			if fd.IsMap() && strings.HasPrefix(string(fd.Name()), "prev_") && tc.name == "PrevState" {
+				continue // prev's own, checked below
+			}
+			if !out.Get(fd).Equal(want) {
+				t.Errorf("%s: %s = %v, want %v", tc.name, fd.Name(), out.Get(fd), want)
+			}
+		}
+	}
+	if ps := PrevState(full, prev); ps.PrevLabels["app"] != "x" || ps.PrevFields["metadata.name"] != "a" {
+		t.Errorf("PrevState: labels %v, fields %v, want the previous object's", ps.PrevLabels, ps.PrevFields)
+	}
+	if !proto.Equal(full, orig) {
+		t.Errorf("the event changed: %v, want %v", full, orig)
+	}
 }

@@ -52,6 +52,10 @@ func (f format) contentType() string {
 	return storage.MediaJSON
 }
 
+// cacheProtobuf reports whether the stream writes objects as the cache's
+// protobuf (object_protobuf) when an event has it.
+func (f format) cacheProtobuf() bool { return f.mt == storage.MediaProtobuf && f.as == "" }
+
 // negotiate chooses the watch's format from its Accept header, or answers
 // the 406 kube-apiserver would.
 func (s *Server) negotiate(r *http.Request, res *kube.Resource) (format, error) {
@@ -160,7 +164,7 @@ func (e *encoder) objectLocked(it *item, f format, prev bool) ([]byte, error) {
 	}
 	var obj runtime.Object
 	switch {
-	case f.mt == storage.MediaProtobuf && f.as == "" && !prev && len(it.ev.ObjectProtobuf) > 0 && !e.custom:
+	case f.cacheProtobuf() && !prev && len(it.ev.ObjectProtobuf) > 0 && !e.custom:
 		// The cache encoded it from the object it decoded: the same
 		// bytes as decoding the JSON and encoding that, without the
 		// JSON decode (most of a protobuf watch event's cost).

@@ -64,7 +64,19 @@ type hub struct {
 	// expiredThrough: the upstream's generation floor (generation.go);
 	// a watcher from a revision up to it never joins.
 	expiredThrough int64
+
+	// protobuf: a watcher of the hub writes the cache's protobuf of the
+	// objects (askProtobuf). The upstream asks the cache for it
+	// (with_protobuf) only from then on: the cache encodes it only while
+	// a stream asks, and sends it only to those that do. Never cleared.
+	protobuf atomic.Bool
 }
+
+// askProtobuf tells the hub that a watcher writes the protobuf the cache
+// makes of each object: the upstream follows on with it from the next
+// response on (runOnce); until then, such a watcher's frames are made from
+// the JSON, once per event (encoding.go).
+func (h *hub) askProtobuf() { h.protobuf.Store(true) }
 
 // ringLimits bound a hub's ring of recent events: at most events items and
 // about bytes of event data. A watcher that resumes or joins within the ring
@@ -106,24 +118,13 @@ func (h *hub) run(ctx context.Context) {
 // runOnce follows the upstream until continuity is lost (the cache client
 // resumes what it can; what it returns is an OutOfRange, or the end of ctx).
 func (h *hub) runOnce(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// Wait for a ready connection: a replica may be restarting, and the
-	// stream is long-lived anyway.
-	st, err := h.cache.Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), Follow: true, OmitUnchangedPrev: true}, grpc.WaitForReady(true))
+	withProtobuf := h.protobuf.Load()
+	up, err := h.open(ctx, 0, withProtobuf)
 	if err != nil {
 		return err
 	}
-	resp, err := st.Recv()
-	if err != nil {
-		return err
-	}
-	if len(resp.Events) == 0 {
-		return status.Error(codes.Internal, "upstream stream opened without a bookmark")
-	}
-	// The opening bookmark: the stream is complete after it.
-	start := resp.Events[0].Revision
-	floor := expiredThrough(st)
+	defer func() { up.cancel() }()
+	start, floor := up.start, up.floor
 	h.mu.Lock()
 	h.ringStart = start
 	h.expiredThrough = floor
@@ -135,13 +136,64 @@ func (h *hub) runOnce(ctx context.Context) error {
 	default:
 		close(h.synced)
 	}
-	h.flush(resp.Events[1:])
+	h.flush(up.rest)
 	for {
-		if resp, err = st.Recv(); err != nil {
+		resp, err := up.st.Recv()
+		if err != nil {
 			return err
 		}
 		h.flush(resp.Events)
+		if withProtobuf || !h.protobuf.Load() {
+			continue
+		}
+		// A watcher writes protobuf now: follow on with the cache's
+		// protobuf from where this stream is complete (head, at a
+		// response's end, covers whole revisions), as a watch from a
+		// revision does, with no gap and no duplicate.
+		up.cancel()
+		withProtobuf = true
+		if up, err = h.open(ctx, h.head.Load(), true); err != nil {
+			return err
+		}
+		// (A merged stream from a revision may not know its shards'
+		// floor yet: the one known stays.)
+		h.mu.Lock()
+		h.expiredThrough = max(h.expiredThrough, up.floor)
+		h.mu.Unlock()
+		h.flush(up.rest)
 	}
+}
+
+// upstream is an open upstream stream.
+type upstream struct {
+	st     grpc.ServerStreamingClient[heraldv1.WatchResponse]
+	cancel context.CancelFunc
+	start  int64             // its opening bookmark's revision: it is complete after it
+	floor  int64             // its generation floor (expiredThrough)
+	rest   []*heraldv1.Event // what its first response carried after the bookmark
+}
+
+// open starts the upstream after revision after (0: the caches' head),
+// asking for the cache's protobuf of the objects when withProtobuf.
+func (h *hub) open(ctx context.Context, after int64, withProtobuf bool) (*upstream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	// Wait for a ready connection: a replica may be restarting, and the
+	// stream is long-lived anyway.
+	st, err := h.cache.Watch(ctx, &heraldv1.WatchRequest{Resource: h.res.ID(), Follow: true, AfterRevision: after,
+		OmitUnchangedPrev: true, WithProtobuf: withProtobuf}, grpc.WaitForReady(true))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp, err := st.Recv()
+	if err == nil && len(resp.Events) == 0 {
+		err = status.Error(codes.Internal, "upstream stream opened without a bookmark")
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &upstream{st: st, cancel: cancel, start: resp.Events[0].Revision, floor: expiredThrough(st), rest: resp.Events[1:]}, nil
 }
 
 // flush dispatches evs (in revision order), and moves head to the revision

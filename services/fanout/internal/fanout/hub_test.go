@@ -162,3 +162,52 @@ func TestHubClosesWatchersOnALaggingShard(t *testing.T) {
 		t.Fatalf("restarted with %+v, %+v; want from the shards' current revisions", wa.Req, wb.Req)
 	}
 }
+
+// TestHubAsksForProtobufOnceAWatcherWritesIt: the upstream asks the cache
+// for its protobuf of the objects only once a watcher writes it; it then
+// follows on with it from its head, with no gap, no duplicate, and no
+// watcher closed.
+func TestHubAsksForProtobufOnceAWatcherWritesIt(t *testing.T) {
+	sp := cachetest.NewSplit(t)
+	pods, _ := sp.Reg.ByID("pods")
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	cache := cacheclient.New(sp.Reg, sp.Shards, sp.Clients(), cacheclient.WithClock(clk))
+	h := newHub(pods, cache, ringLimits{events: 100, bytes: 1 << 30}, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), clk)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go h.run(ctx)
+
+	ev := func(rev int64) *heraldv1.Event { return cachetest.Event(heraldv1.EventType_MODIFIED, rev, "p") }
+	wa, wb := <-sp.A.Watches, <-sp.B.Watches
+	if wa.Req.WithProtobuf || wb.Req.WithProtobuf {
+		t.Errorf("no watcher writes protobuf; the shards were asked %+v, %+v", wa.Req, wb.Req)
+	}
+	wa.Send(cachetest.Bookmark(10))
+	wb.Send(cachetest.Bookmark(10))
+	<-h.synced
+	w := newWatcher(request.Everything(""), 64, 1<<20)
+	if _, _, ok := h.join(w, 10); !ok {
+		t.Fatal("cannot join at the head")
+	}
+	h.askProtobuf()
+	wa.Send(ev(11))
+	wb.Send(cachetest.Bookmark(11))
+	if got := received(t, w, 1); !reflect.DeepEqual(got, []int64{11}) {
+		t.Fatalf("watcher got %v, want [11]", got)
+	}
+	wa, wb = <-sp.A.Watches, <-sp.B.Watches
+	if !wa.Req.WithProtobuf || !wb.Req.WithProtobuf || wa.Req.AfterRevision != 11 || wb.Req.AfterRevision != 11 || !wa.Req.Follow {
+		t.Fatalf("followed on with %+v, %+v; want with_protobuf after 11", wa.Req, wb.Req)
+	}
+	wa.Send(cachetest.Bookmark(11), ev(12), cachetest.Bookmark(13))
+	wb.Send(cachetest.Bookmark(11), ev(13), cachetest.Bookmark(13))
+	if got := received(t, w, 2); !reflect.DeepEqual(got, []int64{12, 13}) {
+		t.Fatalf("watcher got %v, want [12 13]", got)
+	}
+	if r := w.closedReason(); r != "" {
+		t.Fatalf("watcher closed (%s)", r)
+	}
+	if h.head.Load() != 13 {
+		t.Fatalf("head %d, want 13", h.head.Load())
+	}
+}

@@ -3,6 +3,9 @@ package fanout
 import (
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -30,7 +33,7 @@ func TestStartRequests(t *testing.T) {
 	if !st.InitialEvents || st.MinRevision != 7 || !st.Consistent || st.AfterRevision != 0 {
 		t.Errorf("initial state request %+v: want initial events from revision 7, consistent", st)
 	}
-	re := replayRequest(info, sel, 42)
+	re := replayRequest(info, sel, 42, false)
 	if re.AfterRevision != 42 || re.InitialEvents {
 		t.Errorf("replay request %+v: want the events after 42 and no initial state", re)
 	}
@@ -44,5 +47,13 @@ func TestStartRequests(t *testing.T) {
 		if !tc.req.OmitUnchangedPrev {
 			t.Errorf("%s request %+v: want omit_unchanged_prev", tc.name, tc.req)
 		}
+		// The selectors as parsed, for the cache to use without parsing.
+		if !proto.Equal(tc.req.Selector, cacheclient.Selector(sel)) || len(tc.req.Selector.GetLabels()) != 1 || len(tc.req.Selector.GetFields()) != 1 {
+			t.Errorf("%s request's selector %v, want %v", tc.name, tc.req.Selector, cacheclient.Selector(sel))
+		}
+	}
+	// The cache's protobuf of the objects only for a watcher that writes it.
+	if st.WithProtobuf || re.WithProtobuf || !replayRequest(info, sel, 42, true).WithProtobuf {
+		t.Error("with_protobuf asked for a watcher that does not write protobuf, or not for one that does")
 	}
 }

@@ -401,19 +401,26 @@ func (s *Server) servePaced(ctx context.Context, st *stream, h *hub, e *paced, l
 func stateRequest(info request.Info, sel *request.Selector, plan rv.WatchPlan) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace,
 		InitialEvents: true, MinRevision: plan.Rev, Consistent: plan.Consistent,
-		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), Selector: cacheclient.Selector(sel),
+		OmitUnchangedPrev: true}
 }
 
 // replayRequest asks the cache for a watcher's events after revision
-// after, when the hub's ring no longer holds them.
-func replayRequest(info request.Info, sel *request.Selector, after int64) *heraldv1.WatchRequest {
+// after, when the hub's ring no longer holds them; with the cache's
+// protobuf of the objects for a watcher that writes it.
+func replayRequest(info request.Info, sel *request.Selector, after int64, withProtobuf bool) *heraldv1.WatchRequest {
 	return &heraldv1.WatchRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, AfterRevision: after,
-		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), OmitUnchangedPrev: true}
+		LabelSelector: sel.Labels.String(), FieldSelector: sel.Fields.String(), Selector: cacheclient.Selector(sel),
+		OmitUnchangedPrev: true, WithProtobuf: withProtobuf}
 }
 
 // start sends the initial events (if any) and catches the watcher up until
 // it has joined the hub; it returns the revision it joined after.
 func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, info request.Info, plan rv.WatchPlan) (int64, error) {
+	withProtobuf := st.f.cacheProtobuf() && !st.enc.custom
+	if withProtobuf {
+		h.askProtobuf()
+	}
 	var last int64
 	switch plan.Mode {
 	case rv.WatchFromState:
@@ -441,7 +448,7 @@ func (s *Server) start(ctx context.Context, st *stream, h *hub, wt *watcher, inf
 			st.flush()
 			return last, st.err
 		}
-		rev, err := s.replay(ctx, st, wt.sel, replayRequest(info, wt.sel, last))
+		rev, err := s.replay(ctx, st, wt.sel, replayRequest(info, wt.sel, last, withProtobuf))
 		if err != nil {
 			return 0, err
 		}

@@ -741,9 +741,13 @@ func listRequest(info request.Info, q url.Values) (*heraldv1.ListRequest, error)
 	// kube-apiserver's order: the parameters' syntax, their combination
 	// (422), the field labels, then what its storage reads (the
 	// resourceVersion, the continue token).
-	if _, err := request.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
+	sel, err := request.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector)
+	if err != nil {
 		return nil, request.OptionError(err)
 	}
+	// The cache takes the selectors as parsed here (and the strings, for
+	// a cache older than that).
+	req.Selector = cacheclient.Selector(sel)
 	if err := request.ValidateListOptions(q); err != nil {
 		return nil, err
 	}
