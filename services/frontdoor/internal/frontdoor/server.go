@@ -3,29 +3,32 @@
 // (discovery, LIST, GET), and routing of watches to fanout replicas. It
 // keeps no state a client depends on.
 //
-// Every request goes through the same steps, in this order, and is logged
-// once (the audit line: user, verb, resource, namespace, code, duration;
-// never a credential):
+// Every request goes through the same steps, in this order, each a filter
+// of the handler's chain (handler.go), and is logged once (the audit line:
+// user, verb, resource, namespace, code, duration; never a credential):
 //
-//  1. size limits (headers by net/http, bodies here: 413);
-//  2. /livez, /readyz, /healthz answer anyone;
-//  3. authentication (authn.go): 401 unless some credential is valid;
-//  4. only GET and HEAD (405);
-//  5. discovery and /version for every authenticated user; /metrics and
-//     /debug/pprof only when RBAC allows the path (nonResourceURLs);
-//  6. the resource path against the registry (404/400), a list's or
-//     watch's selectors (400: unparsable or past max-selector-bytes), then
-//     RBAC for the attributes kube-apiserver's request info gives
-//     (attributes.go; rbac.go): 403;
-//  7. the limits (limits.go): 429 with Retry-After, per user and overall,
+//  1. withAudit: the audit ID, the audit event, the status recorder and
+//     the audit line;
+//  2. withBodyLimit: size limits (headers by net/http, bodies here: 413);
+//  3. withHealth: /livez, /readyz, /healthz answer anyone;
+//  4. withAuthentication (authn.go): 401 unless some credential is valid;
+//  5. withReadOnly: only GET and HEAD (405);
+//  6. withRequestInfo: discovery and /version, /metrics and /debug/pprof,
+//     or the resource path against the registry (404/400) and a list's or
+//     watch's selectors (400: unparsable or past max-selector-bytes);
+//  7. withAuthorization: RBAC for the attributes kube-apiserver's request
+//     info gives (attributes.go; rbac.go): 403; discovery and /version are
+//     every authenticated user's, /metrics and /debug/pprof only when RBAC
+//     allows the path (nonResourceURLs);
+//  8. withOptions: content negotiation (negotiate.go): 406 for what
+//     kube-apiserver refuses; then option validation (resourceVersion,
+//     selectors, continue, limit): 400 or 422 before any backend is asked
+//     (errors from step 6 on in the negotiated media type);
+//  9. withLimits (limits.go): 429 with Retry-After, per user and overall,
 //     watches and other requests separately;
-//  8. content negotiation (negotiate.go): 406 for what kube-apiserver
-//     refuses; then option validation (resourceVersion, selectors, continue,
-//     limit): 400 or 422 before any backend is asked (errors from here on in
-//     the negotiated media type);
-//  9. LIST/GET from the cache over gRPC, encoded as negotiated; WATCH
-//     proxied to a fanout replica (proxy.go) with the user's identity in
-//     headers, never the credential, and the client's Accept.
+//  10. route: LIST/GET from the cache over gRPC, encoded as negotiated;
+//     WATCH proxied to a fanout replica (proxy.go) with the user's
+//     identity in headers, never the credential, and the client's Accept.
 //
 // Every response but a watch's must reach the client within write-timeout
 // of its first byte (statusRecorder): a client that stops reading cannot
@@ -35,19 +38,18 @@
 // Errors reach clients as Kubernetes Status objects, mapped in one place
 // (errors.go, kube.WriteStatus / kube.FromGRPC).
 //
-// In cluster mode (--upstream.kubeconfig; upstream.go, delegated.go) step 3
+// In cluster mode (--upstream.kubeconfig; upstream.go, delegated.go) step 4
 // asks the cluster (TokenReview; no local tokens, keys or RBAC are allowed)
 // and refuses a token bound to a pod or node the cache no longer holds
 // (bound.go);
-// Impersonate-* headers are then authorized by the cluster, every request
-// but the reads of step 9 and /metrics, /debug/pprof is forwarded to
-// kube-apiserver as the caller (skipping steps 4-9), and steps 5-6 ask the
-// cluster (SubjectAccessReview) instead of local RBAC.
+// then withClusterRouting has Impersonate-* headers authorized by the
+// cluster and forwards every request but the reads of step 10 and /metrics,
+// /debug/pprof to kube-apiserver as the caller (skipping steps 5-10), and
+// step 7 asks the cluster (SubjectAccessReview) instead of local RBAC.
 package frontdoor
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -156,6 +158,7 @@ type Server struct {
 	metricsH     http.Handler
 	debugH       http.Handler
 	audit        *auditLog // nil: no audit log (audit.go)
+	chain        http.Handler
 }
 
 // WithRegistry makes the server serve reg's resources (the registry its
@@ -233,6 +236,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if s.audit, err = newAuditLog(cfg.Audit, log, promReg); err != nil {
 		return nil, err
 	}
+	s.chain = s.handler()
 	return s, nil
 }
 
@@ -418,225 +422,9 @@ type auditEntry struct {
 	who, as *User
 }
 
-// ServeHTTP serves one request; the package comment lists the steps.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	auditID := withAuditID(w, r)
-	// kube-apiserver's default for every answer: all are authenticated.
-	w.Header().Set("Cache-Control", cacheControl)
-	rec := &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout}
-	var ae auditEntry
-	au, r := s.audit.begin(r, auditID, start, &ae)
-	rec.onStatus = au.responseStarted
-	end := &requestEnd{}
-	defer end.handlerReturned()
-	path := r.URL.Path // not r: a detached watch's end must not keep the request
-	end.add(func() {
-		code := rec.code
-		if code == 0 {
-			code = http.StatusOK
-		}
-		if ae.verb != "" {
-			s.m.requests.WithLabelValues(ae.verb, ae.resource, strconv.Itoa(code)).Inc()
-			if ae.verb != string(kube.VerbWatch) {
-				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
-			}
-		}
-		if ae.forwarded {
-			s.m.forwarded.WithLabelValues(ae.verb, strconv.Itoa(code)).Inc()
-		}
-		resource := ae.resource
-		if ae.upstreamResource != "" {
-			resource = ae.upstreamResource
-		}
-		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", resource, "namespace", ae.ns,
-			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond), "auditID", auditID}
-		if ae.authn != "" {
-			attrs = append(attrs, "authn", ae.authn)
-		}
-		if rec.timedOut {
-			s.m.writeTimeouts.Inc()
-			ae.reason = "client did not read the response within write-timeout"
-		}
-		if ae.reason != "" {
-			attrs = append(attrs, "reason", ae.reason)
-		}
-		s.log.Info("audit", attrs...)
-		au.complete(code)
-	})
-
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		s.writeStatus(rec, r, errBodyTooLarge(s.cfg.MaxBodyBytes))
-		return
-	}
-	if r.Body != nil {
-		r.Body = http.MaxBytesReader(rec, r.Body, s.cfg.MaxBodyBytes)
-	}
-	switch r.URL.Path {
-	case "/livez", "/readyz", "/healthz":
-		rec.Write([]byte("ok"))
-		return
-	}
-	u, err := s.authenticate(r)
-	if err != nil {
-		ae.reason = err.Error()
-		creds := "invalid"
-		if err == errNoCredentials {
-			creds = "none"
-		}
-		if errors.Is(err, errReviewThrottled) {
-			kube.WriteStatus(rec, errTooMany("Too many requests, please try again later."))
-			return
-		}
-		if errors.Is(err, errReviewFailed) {
-			kube.WriteStatus(rec, errUnavailable("the cluster could not authenticate the request: its TokenReview failed"))
-			return
-		}
-		s.m.authnFailures.WithLabelValues(creds).Inc()
-		s.writeStatus(rec, r, errUnauthorized())
-		return
-	}
-	ae.user, ae.authn, ae.who = u.Name, u.Method, u
-	if s.cluster != nil && s.clusterRoute(rec, r, &u, &ae) {
-		return // forwarded upstream, or impersonation refused
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		s.writeStatus(rec, r, apierrors.NewMethodNotSupported(schema.GroupResource{}, r.Method))
-		return
-	}
-	if h := s.nonResource(r.URL.Path); h != nil {
-		a, err := requestAttributes(r, u)
-		if err != nil {
-			s.writeStatus(rec, r, apierrors.NewInternalError(err))
-			return
-		}
-		if ok, why, fail := s.allowed(r, a); !ok {
-			ae.reason = forbiddenReason(a)
-			if fail != nil {
-				ae.reason = fail.Error()
-			}
-			s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
-			return
-		}
-		release, ok := s.admit(rec, s.requests, "readOnly", u)
-		if !ok {
-			return
-		}
-		defer release()
-		h.ServeHTTP(rec, r)
-		return
-	}
-	if s.disc.has(r.URL.Path) {
-		// Discovery is every authenticated user's (kube-apiserver's
-		// system:discovery binding), within the request limits.
-		release, ok := s.admit(rec, s.requests, "readOnly", u)
-		if !ok {
-			return
-		}
-		defer release()
-		s.disc.serve(rec, r.URL.Path)
-		return
-	}
-	q := r.URL.Query()
-	info, err := s.reg.ParseRequest(r.URL.Path, q)
-	if err != nil {
-		s.writeStatus(rec, r, err)
-		return
-	}
-	ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
-	// Selectors are checked (parsed, bounded) before a review carries them.
-	if err := checkSelectors(info, q, s.cfg.MaxSelectorBytes); err != nil {
-		s.writeStatus(rec, r, err)
-		return
-	}
-	a, err := servedAttributes(r, u, info)
-	if err != nil {
-		s.writeStatus(rec, r, err)
-		return
-	}
-	if ok, why, fail := s.allowed(r, a); !ok {
-		ae.reason = forbiddenReason(a)
-		if fail != nil {
-			ae.reason = fail.Error()
-		}
-		s.writeStatus(rec, r, cmp.Or(fail, errForbidden(a, why)))
-		return
-	}
-	if h := s.deprecations.header(info.Resource); h != "" {
-		rec.Header().Add("Warning", h)
-	}
-	// Content negotiation comes first, as in kube-apiserver's handlers.
-	n, err := s.negotiate(r, info)
-	if err != nil {
-		s.writeStatus(rec, r, err)
-		return
-	}
-	if info.Verb == kube.VerbWatch {
-		rec.writeTimeout = 0 // nothing written yet; a watch is long-running
-		// Validated here, once, so that a bad request costs no connection
-		// to a replica; fanout gets the request as parsed.
-		wr, err := kube.ParseWatch(info, q)
-		if err != nil {
-			s.writeStatus(rec, r, err)
-			return
-		}
-		if err := s.negotiateWatch(r, info); err != nil {
-			s.writeStatus(rec, r, err)
-			return
-		}
-		// The initialization holds a request slot until a replica has
-		// started the stream (at the latest until the handler returns);
-		// the established watch only its watch slot (see limiter), which
-		// is released when the watch ends (end): after its handler
-		// returns if its stream is detached.
-		initDone, ok := s.admit(rec, s.requests, "readOnly", u)
-		if !ok {
-			return
-		}
-		defer initDone()
-		release, ok := s.admit(rec, s.watches, "watch", u)
-		if !ok {
-			return
-		}
-		end.add(release)
-		open := s.m.longrunning.WithLabelValues("WATCH", info.Resource.ID())
-		open.Inc()
-		end.add(open.Dec)
-		end.detached = func(code int) {
-			rec.code = code
-			au.responseStarted(code)
-			// The recorder outlives the handler (the audit line reads it):
-			// it must not keep net/http's response, and through it the
-			// connection's buffers, alive.
-			rec.ResponseWriter = nil
-		}
-		s.fanout.serve(rec, r, u, wr, initDone, end)
-		return
-	}
-	req, err := listRequest(info, q)
-	if err != nil {
-		s.writeStatus(rec, r, err)
-		return
-	}
-	release, ok := s.admit(rec, s.requests, "readOnly", u)
-	if !ok {
-		return
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
-	ctx = identityMetadata(ctx, u)
-	if s.list(ctx, rec, r, info, req, n) {
-		return
-	}
-	// Older than the cache's window (an exact resourceVersion, a paged list
-	// at one, a continue token): kube-apiserver reads etcd for it, and
-	// answers as the caller is allowed. Its reply carries its own warnings.
-	rec.Header().Del("Warning")
-	ae.reason, ae.forwarded = "upstream: older than the cache's window", true
-	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
-	s.cluster.up.serve(rec, r, u)
-}
+// ServeHTTP serves one request through the filter chain (handler.go); the
+// package comment lists the steps.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.chain.ServeHTTP(w, r) }
 
 // cacheControl is kube-apiserver's Cache-Control of every answer.
 const cacheControl = "no-cache, private"
@@ -679,22 +467,6 @@ func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string, fa
 		return a.user.inGroup(groupMasters), "", nil
 	}
 	return s.rbac.Get().authorize(a), "", nil
-}
-
-// admit takes a slot of l for u, or answers 429. The returned release may
-// be called more than once.
-func (s *Server) admit(w http.ResponseWriter, l *limiter, kind string, u *User) (func(), bool) {
-	release, refused := l.acquire(u.Name) // counted in currentInflight by l
-	if refused != "" {
-		s.m.rejected.WithLabelValues(kind, refused).Inc()
-		msg := "Too many requests, please try again later."
-		if kind == "watch" {
-			msg = "Too many watches, please try again later."
-		}
-		kube.WriteStatus(w, errTooMany(msg))
-		return nil, false
-	}
-	return release, true
 }
 
 // identityMetadata tells the cache who asks (for its logs and, once it

@@ -1,0 +1,337 @@
+package frontdoor
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"herald.dev/libs/kube"
+)
+
+// The filters one by one; the package's other tests serve whole requests.
+
+// jsonStatus is a statusWriter that writes every error as JSON.
+func jsonStatus(w http.ResponseWriter, _ *http.Request, err error) { kube.WriteStatus(w, err) }
+
+// reached is a next handler that records the request it got.
+type reached struct{ r *http.Request }
+
+func (n *reached) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n.r = r
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+func TestWithBodyLimit(t *testing.T) {
+	next := &reached{}
+	h := withBodyLimit(next, 4, jsonStatus)
+	if rec := serve(h, httptest.NewRequest(http.MethodPost, "/api", strings.NewReader("12345"))); rec.Code != http.StatusRequestEntityTooLarge || next.r != nil {
+		t.Fatalf("declared 5 bytes of 4: %d, next reached: %v", rec.Code, next.r != nil)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/api", strings.NewReader("12345"))
+	r.ContentLength = -1 // unknown: cut while it is read
+	if rec := serve(h, r); rec.Code != http.StatusNoContent || next.r == nil {
+		t.Fatalf("undeclared body: %d", rec.Code)
+	}
+	if _, err := io.ReadAll(next.r.Body); err == nil {
+		t.Fatal("reading 5 bytes of a body limited to 4 succeeded")
+	}
+}
+
+func TestWithHealth(t *testing.T) {
+	for _, p := range []string{"/livez", "/readyz", "/healthz"} {
+		next := &reached{}
+		rec := serve(withHealth(next), httptest.NewRequest(http.MethodGet, p, nil))
+		if rec.Code != http.StatusOK || rec.Body.String() != "ok" || next.r != nil {
+			t.Fatalf("%s: %d %q, next reached: %v", p, rec.Code, rec.Body, next.r != nil)
+		}
+	}
+	next := &reached{}
+	if serve(withHealth(next), httptest.NewRequest(http.MethodGet, "/api", nil)); next.r == nil {
+		t.Fatal("/api did not reach the next handler")
+	}
+}
+
+func TestWithAuthentication(t *testing.T) {
+	alice := &User{Name: "alice", Method: "token"}
+	for _, tc := range []struct {
+		name     string
+		err      error
+		code     int
+		failures string // the credentials label counted, if any
+	}{
+		{"none", errNoCredentials, http.StatusUnauthorized, "none"},
+		{"invalid", errors.New("token: unknown bearer token"), http.StatusUnauthorized, "invalid"},
+		{"throttled", errReviewThrottled, http.StatusTooManyRequests, ""},
+		{"review failed", errReviewFailed, http.StatusServiceUnavailable, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "f"}, []string{"credentials"})
+			next := &reached{}
+			h := withAuthentication(next, func(*http.Request) (*User, error) { return nil, tc.err }, failures, jsonStatus)
+			sc := scopeOf(context.Background())
+			rec := serve(h, httptest.NewRequest(http.MethodGet, "/api", nil).WithContext(withScope(context.Background(), sc)))
+			if rec.Code != tc.code || next.r != nil {
+				t.Fatalf("code %d, want %d; next reached: %v", rec.Code, tc.code, next.r != nil)
+			}
+			if sc.entry.reason != tc.err.Error() || sc.entry.who != nil {
+				t.Fatalf("audit entry %+v", sc.entry)
+			}
+			counted := 0.0
+			if tc.failures != "" {
+				counted = testutil.ToFloat64(failures.WithLabelValues(tc.failures))
+				if counted != 1 {
+					t.Fatalf("failures{credentials=%s} = %v", tc.failures, counted)
+				}
+			}
+			if n := testutil.CollectAndCount(failures); (n == 1) != (tc.failures != "") {
+				t.Fatalf("%d failure series", n)
+			}
+		})
+	}
+	next := &reached{}
+	sc := scopeOf(context.Background())
+	h := withAuthentication(next, func(*http.Request) (*User, error) { return alice, nil }, nil, jsonStatus)
+	serve(h, httptest.NewRequest(http.MethodGet, "/api", nil).WithContext(withScope(context.Background(), sc)))
+	if next.r == nil || userOf(next.r.Context()) != alice {
+		t.Fatal("the next handler did not get the user")
+	}
+	if sc.entry.user != "alice" || sc.entry.authn != "token" || sc.entry.who != alice {
+		t.Fatalf("audit entry %+v", sc.entry)
+	}
+}
+
+func TestWithReadOnly(t *testing.T) {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+		next := &reached{}
+		rec := serve(withReadOnly(next, jsonStatus), httptest.NewRequest(m, "/api/v1/pods", nil))
+		read := m == http.MethodGet || m == http.MethodHead
+		if (next.r != nil) != read || (!read && rec.Code != http.StatusMethodNotAllowed) {
+			t.Fatalf("%s: %d, next reached: %v", m, rec.Code, next.r != nil)
+		}
+	}
+}
+
+func TestWithAuthorization(t *testing.T) {
+	u := &User{Name: "alice", Groups: []string{groupAuthenticated}}
+	request := func(tg *target) (*http.Request, *requestScope) {
+		sc := scopeOf(context.Background())
+		ctx := withTarget(withUser(withScope(context.Background(), sc), u), tg)
+		return httptest.NewRequest(http.MethodGet, "/metrics", nil).WithContext(ctx), sc
+	}
+	metrics := &target{nonResource: http.NotFoundHandler()}
+
+	asked := 0
+	deny := func(_ *http.Request, a attributes) (bool, string, error) {
+		asked++
+		if a.Path != "/metrics" || a.Verb != "get" || a.user != u {
+			t.Errorf("attributes %+v", a)
+		}
+		return false, "no rule", nil
+	}
+	next := &reached{}
+	r, sc := request(metrics)
+	rec := serve(withAuthorization(next, deny, jsonStatus), r)
+	if rec.Code != http.StatusForbidden || next.r != nil || asked != 1 || !strings.Contains(rec.Body.String(), ": no rule") {
+		t.Fatalf("denied: %d %s", rec.Code, rec.Body)
+	}
+	if sc.entry.reason == "" {
+		t.Fatal("no reason in the audit entry")
+	}
+
+	unavailable := func(*http.Request, attributes) (bool, string, error) {
+		return false, "", errUnavailable("down")
+	}
+	r, sc = request(metrics)
+	if rec := serve(withAuthorization(next, unavailable, jsonStatus), r); rec.Code != http.StatusServiceUnavailable || sc.entry.reason != "down" {
+		t.Fatalf("unavailable: %d, reason %q", rec.Code, sc.entry.reason)
+	}
+
+	allow := func(*http.Request, attributes) (bool, string, error) { asked++; return true, "", nil }
+	r, _ = request(metrics)
+	if serve(withAuthorization(next, allow, jsonStatus), r); next.r == nil {
+		t.Fatal("allowed: next not reached")
+	}
+
+	// Discovery is every authenticated user's: no authorizer is asked.
+	asked, next = 0, &reached{}
+	r, _ = request(&target{discovery: true})
+	if serve(withAuthorization(next, deny, jsonStatus), r); next.r == nil || asked != 0 {
+		t.Fatalf("discovery: next reached %v, authorizer asked %d times", next.r != nil, asked)
+	}
+}
+
+func TestWithLimits(t *testing.T) {
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "r"}, []string{"request_kind", "limit"})
+	requests, watches := newLimiter(1, 1), newLimiter(1, 1)
+	alice := &User{Name: "alice"}
+	request := func(verb kube.Verb) (*http.Request, *requestScope) {
+		sc := scopeOf(context.Background())
+		ctx := withTarget(withUser(withScope(context.Background(), sc), alice), &target{info: kube.RequestInfo{Verb: verb}})
+		return httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil).WithContext(ctx), sc
+	}
+
+	// A list holds a request slot while its handler runs.
+	inside := -1
+	list := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { inside = requests.inUse() })
+	r, _ := request(kube.VerbList)
+	serve(withLimits(list, requests, watches, rejected), r)
+	if inside != 1 || requests.inUse() != 0 {
+		t.Fatalf("request slots: %d while served, %d after", inside, requests.inUse())
+	}
+
+	// A watch's request slot goes when its stream starts (watchInit), its
+	// watch slot when the request ends.
+	watch := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		watchInit(r.Context())()
+		inside = requests.inUse()
+	})
+	r, sc := request(kube.VerbWatch)
+	serve(withLimits(watch, requests, watches, rejected), r)
+	if inside != 0 || watches.inUse() != 1 {
+		t.Fatalf("started watch: %d request slots, %d watch slots", inside, watches.inUse())
+	}
+
+	// The watch pool is full: 429, and the request slot is given back.
+	r, _ = request(kube.VerbWatch)
+	rec := serve(withLimits(watch, requests, watches, rejected), r)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" || !strings.Contains(rec.Body.String(), "Too many watches") {
+		t.Fatalf("second watch: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	if requests.inUse() != 0 || testutil.ToFloat64(rejected.WithLabelValues("watch", limitTotal)) != 1 {
+		t.Fatalf("after a refused watch: %d request slots, rejected %v", requests.inUse(), testutil.ToFloat64(rejected.WithLabelValues("watch", limitTotal)))
+	}
+	sc.end.run()
+	if watches.inUse() != 0 {
+		t.Fatalf("ended watch: %d watch slots", watches.inUse())
+	}
+
+	// The request pool is full: 429 before the next handler.
+	hold, _ := requests.acquire("bob")
+	defer hold()
+	next := &reached{}
+	r, _ = request(kube.VerbGet)
+	if rec := serve(withLimits(next, requests, watches, rejected), r); rec.Code != http.StatusTooManyRequests || next.r != nil ||
+		!strings.Contains(rec.Body.String(), "Too many requests") || testutil.ToFloat64(rejected.WithLabelValues("readOnly", limitTotal)) != 1 {
+		t.Fatalf("full request pool: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestWithRequestInfo(t *testing.T) {
+	s, _ := testServer(t, "", func(c *Config) { c.MaxSelectorBytes = 32 })
+	for _, tc := range []struct {
+		path string
+		code int // 0: reaches the next handler
+		want func(*target) bool
+	}{
+		{"/metrics", 0, func(t *target) bool { return t.nonResource != nil }},
+		{"/debug/pprof/heap", 0, func(t *target) bool { return t.nonResource != nil }},
+		{"/api/v1", 0, func(t *target) bool { return t.discovery }},
+		{"/version", 0, func(t *target) bool { return t.discovery }},
+		{"/api/v1/namespaces/ns/pods?watch=1&labelSelector=a%3Db", 0, func(t *target) bool {
+			return t.info.Verb == kube.VerbWatch && t.info.Namespace == "ns" && t.query.Get("labelSelector") == "a=b"
+		}},
+		{"/api/v1/widgets", http.StatusNotFound, nil},
+		{"/api/v1/pods?labelSelector=a%3D%3D%3Db", http.StatusBadRequest, nil},
+		{"/api/v1/pods?labelSelector=" + strings.Repeat("a", 33), http.StatusBadRequest, nil},
+	} {
+		next := &reached{}
+		sc := scopeOf(context.Background())
+		r := httptest.NewRequest(http.MethodGet, tc.path, nil).WithContext(withScope(context.Background(), sc))
+		rec := serve(s.withRequestInfo(next), r)
+		if tc.code != 0 {
+			if rec.Code != tc.code || next.r != nil {
+				t.Errorf("%s: %d, want %d", tc.path, rec.Code, tc.code)
+			}
+			continue
+		}
+		if next.r == nil || !tc.want(targetOf(next.r.Context())) {
+			t.Errorf("%s: %d, target %+v", tc.path, rec.Code, targetOf(r.Context()))
+		}
+	}
+}
+
+func TestWithOptions(t *testing.T) {
+	s, _ := testServer(t, "", nil)
+	for _, tc := range []struct {
+		path   string
+		accept string
+		code   int
+		want   func(*options) bool
+	}{
+		{"/api/v1/pods?watch=1&resourceVersion=5", "", 0, func(o *options) bool { return o.watch != nil && o.list == nil }},
+		{"/api/v1/pods?limit=10", "", 0, func(o *options) bool { return o.list != nil && o.list.Limit == 10 && o.watch == nil }},
+		{"/api/v1/pods?limit=x", "", http.StatusBadRequest, nil},
+		{"/api/v1/pods?watch=1&sendInitialEvents=maybe", "", http.StatusBadRequest, nil},
+		{"/api/v1/pods", "text/html", http.StatusNotAcceptable, nil},
+	} {
+		q := httptest.NewRequest(http.MethodGet, tc.path, nil)
+		info, err := s.reg.ParseRequest(q.URL.Path, q.URL.Query())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := scopeOf(context.Background())
+		sc.rec = &statusRecorder{writeTimeout: 1}
+		q = q.WithContext(withTarget(withScope(context.Background(), sc), &target{info: info, query: q.URL.Query()}))
+		if tc.accept != "" {
+			q.Header.Set("Accept", tc.accept)
+		}
+		next := &reached{}
+		rec := serve(s.withOptions(next), q)
+		if tc.code != 0 {
+			if rec.Code != tc.code || next.r != nil {
+				t.Errorf("%s: %d, want %d", tc.path, rec.Code, tc.code)
+			}
+			continue
+		}
+		if next.r == nil || !tc.want(optionsOf(next.r.Context())) {
+			t.Errorf("%s: %d %s", tc.path, rec.Code, rec.Body)
+		}
+		if watch := info.Verb == kube.VerbWatch; (sc.rec.writeTimeout == 0) != watch {
+			t.Errorf("%s: write timeout %v", tc.path, sc.rec.writeTimeout)
+		}
+	}
+}
+
+func TestWithAudit(t *testing.T) {
+	s, _ := testServer(t, "", nil)
+	var seen *requestScope
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = scopeOf(r.Context())
+		seen.entry.verb, seen.entry.resource = "list", "pods"
+		if _, ok := w.(*statusRecorder); !ok {
+			t.Errorf("the next handler writes to a %T", w)
+		}
+		w.WriteHeader(http.StatusTeapot)
+	})
+	r := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+	r.Header.Set("Audit-ID", "a-1")
+	rec := serve(s.withAudit(inner), r)
+	if rec.Header().Get("Audit-ID") != "a-1" || rec.Header().Get("Cache-Control") != cacheControl || rec.Code != http.StatusTeapot {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+	if seen == nil || seen.rec.code != http.StatusTeapot {
+		t.Fatal("the scope did not record the status")
+	}
+	if n := testutil.ToFloat64(s.m.requests.WithLabelValues("list", "pods", "418")); n != 1 {
+		t.Fatalf("apiserver_request_total{list,pods,418} = %v", n)
+	}
+
+	// A new audit ID when the client sends none.
+	rec = serve(s.withAudit(inner), httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil))
+	if id := rec.Header().Get("Audit-ID"); len(id) != 36 {
+		t.Fatalf("audit ID %q", id)
+	}
+}
