@@ -35,6 +35,8 @@ import (
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // Cluster mode's authentication and authorization come from the cluster,
@@ -75,7 +77,7 @@ type cluster struct {
 	// Review limits (reviews.go): the tokens the cluster accepted
 	// recently, and the pool of reviews of the others.
 	known         *knownTokens
-	newTokens     *limiter
+	newTokens     *limits.Limiter
 	reviewMetrics *reviewMetrics
 }
 
@@ -137,8 +139,8 @@ func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (
 		}
 	})
 	known := newKnownTokens()
-	newTokens := newLimiter(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
-	newTokens.inUseGauge = rm.inflight.WithLabelValues("new-token")
+	newTokens := limits.New(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
+	newTokens.InUseGauge = rm.inflight.WithLabelValues("new-token")
 	return &cluster{
 		log:           log,
 		tokens:        cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),

@@ -16,6 +16,7 @@ import (
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // The frontdoor's handler is a chain of filters, as kube-apiserver's is
@@ -392,7 +393,7 @@ func (s *Server) withOptions(next http.Handler) http.Handler {
 // stream (watchInit), and the established watch holds a slot of watches
 // until it ends, with the request (requestEnd), after its handler returns
 // if its stream is detached.
-func withLimits(next http.Handler, requests, watches *limiter, rejected *prometheus.CounterVec) http.Handler {
+func withLimits(next http.Handler, requests, watches *limits.Limiter, rejected *prometheus.CounterVec) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u := userOf(r.Context())
 		release, ok := admit(w, requests, "readOnly", u, rejected)
@@ -415,8 +416,8 @@ func withLimits(next http.Handler, requests, watches *limiter, rejected *prometh
 
 // admit takes a slot of l for u, or answers 429. The returned release may
 // be called more than once.
-func admit(w http.ResponseWriter, l *limiter, kind string, u *User, rejected *prometheus.CounterVec) (func(), bool) {
-	release, refused := l.acquire(u.Name) // counted in currentInflight by l
+func admit(w http.ResponseWriter, l *limits.Limiter, kind string, u *User, rejected *prometheus.CounterVec) (func(), bool) {
+	release, refused := l.Acquire(u.Name) // counted in currentInflight by l
 	if refused != "" {
 		rejected.WithLabelValues(kind, refused).Inc()
 		msg := "Too many requests, please try again later."

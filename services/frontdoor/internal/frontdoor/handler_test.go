@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"herald.dev/libs/kube"
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // The filters one by one; the package's other tests serve whole requests.
@@ -175,7 +176,7 @@ func TestWithAuthorization(t *testing.T) {
 
 func TestWithLimits(t *testing.T) {
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "r"}, []string{"request_kind", "limit"})
-	requests, watches := newLimiter(1, 1), newLimiter(1, 1)
+	requests, watches := limits.New(1, 1), limits.New(1, 1)
 	alice := &User{Name: "alice"}
 	request := func(verb kube.Verb) (*http.Request, *requestScope) {
 		sc := scopeOf(context.Background())
@@ -185,23 +186,23 @@ func TestWithLimits(t *testing.T) {
 
 	// A list holds a request slot while its handler runs.
 	inside := -1
-	list := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { inside = requests.inUse() })
+	list := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { inside = requests.InUse() })
 	r, _ := request(kube.VerbList)
 	serve(withLimits(list, requests, watches, rejected), r)
-	if inside != 1 || requests.inUse() != 0 {
-		t.Fatalf("request slots: %d while served, %d after", inside, requests.inUse())
+	if inside != 1 || requests.InUse() != 0 {
+		t.Fatalf("request slots: %d while served, %d after", inside, requests.InUse())
 	}
 
 	// A watch's request slot goes when its stream starts (watchInit), its
 	// watch slot when the request ends.
 	watch := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		watchInit(r.Context())()
-		inside = requests.inUse()
+		inside = requests.InUse()
 	})
 	r, sc := request(kube.VerbWatch)
 	serve(withLimits(watch, requests, watches, rejected), r)
-	if inside != 0 || watches.inUse() != 1 {
-		t.Fatalf("started watch: %d request slots, %d watch slots", inside, watches.inUse())
+	if inside != 0 || watches.InUse() != 1 {
+		t.Fatalf("started watch: %d request slots, %d watch slots", inside, watches.InUse())
 	}
 
 	// The watch pool is full: 429, and the request slot is given back.
@@ -210,21 +211,21 @@ func TestWithLimits(t *testing.T) {
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" || !strings.Contains(rec.Body.String(), "Too many watches") {
 		t.Fatalf("second watch: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}
-	if requests.inUse() != 0 || testutil.ToFloat64(rejected.WithLabelValues("watch", limitTotal)) != 1 {
-		t.Fatalf("after a refused watch: %d request slots, rejected %v", requests.inUse(), testutil.ToFloat64(rejected.WithLabelValues("watch", limitTotal)))
+	if requests.InUse() != 0 || testutil.ToFloat64(rejected.WithLabelValues("watch", limits.Total)) != 1 {
+		t.Fatalf("after a refused watch: %d request slots, rejected %v", requests.InUse(), testutil.ToFloat64(rejected.WithLabelValues("watch", limits.Total)))
 	}
 	sc.end.run()
-	if watches.inUse() != 0 {
-		t.Fatalf("ended watch: %d watch slots", watches.inUse())
+	if watches.InUse() != 0 {
+		t.Fatalf("ended watch: %d watch slots", watches.InUse())
 	}
 
 	// The request pool is full: 429 before the next handler.
-	hold, _ := requests.acquire("bob")
+	hold, _ := requests.Acquire("bob")
 	defer hold()
 	next := &reached{}
 	r, _ = request(kube.VerbGet)
 	if rec := serve(withLimits(next, requests, watches, rejected), r); rec.Code != http.StatusTooManyRequests || next.r != nil ||
-		!strings.Contains(rec.Body.String(), "Too many requests") || testutil.ToFloat64(rejected.WithLabelValues("readOnly", limitTotal)) != 1 {
+		!strings.Contains(rec.Body.String(), "Too many requests") || testutil.ToFloat64(rejected.WithLabelValues("readOnly", limits.Total)) != 1 {
 		t.Fatalf("full request pool: %d %s", rec.Code, rec.Body)
 	}
 }

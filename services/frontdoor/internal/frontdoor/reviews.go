@@ -22,6 +22,8 @@ import (
 	"golang.org/x/time/rate"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/client-go/rest"
+
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // Cluster mode's reviews (TokenReview, SubjectAccessReview) are sized for a
@@ -107,10 +109,10 @@ func newReviewClient(cfg *rest.Config, c UpstreamConfig, review string, key func
 	}
 	t := &reviewTransport{
 		review: review, key: key, m: m, timeout: c.ReviewTimeout, flights: &singleflight.Group{},
-		slots: newLimiter(c.MaxReviewsInflight, perUser),
+		slots: limits.New(c.MaxReviewsInflight, perUser),
 		rate:  rate.NewLimiter(rate.Limit(c.ReviewQPS), c.ReviewBurst),
 	}
-	t.slots.inUseGauge = m.inflight.WithLabelValues(review)
+	t.slots.InUseGauge = m.inflight.WithLabelValues(review)
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		w := *t // the limits are shared by every transport of the client
 		w.next = rt
@@ -124,7 +126,7 @@ type reviewTransport struct {
 	next    http.RoundTripper
 	review  string
 	key     func(body []byte) (fair, flight string)
-	slots   *limiter
+	slots   *limits.Limiter
 	rate    *rate.Limiter
 	timeout time.Duration
 	flights *singleflight.Group
@@ -205,7 +207,7 @@ func (t *reviewTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // send takes a slot, waits for its turn of the rate, and sends.
 func (t *reviewTransport) send(ctx context.Context, req *http.Request, body []byte, fair string) (*http.Response, error) {
-	release, refused := t.slots.acquire(fair)
+	release, refused := t.slots.Acquire(fair)
 	if refused != "" {
 		t.m.throttled.WithLabelValues(t.review, refused).Inc()
 		return nil, errReviewThrottled
@@ -363,9 +365,9 @@ func (k *knownTokens) forget(tok string) {
 // until its review is answered.
 func (c *cluster) reviewToken(r *http.Request, tok string) (*k8sauthn.Response, bool, error) {
 	if !c.known.has(tok) {
-		release, refused := c.newTokens.acquire(sourceOf(r))
+		release, refused := c.newTokens.Acquire(sourceOf(r))
 		if refused != "" {
-			if refused == limitUser {
+			if refused == limits.PerUser {
 				refused = "per-source"
 			}
 			c.reviewMetrics.throttled.WithLabelValues("tokenreview", "new-token-"+refused).Inc()

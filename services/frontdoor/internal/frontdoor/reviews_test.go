@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
+
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // blockingRT answers every request once release is closed, counting them.
@@ -33,7 +35,7 @@ func (b *blockingRT) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 func testReviewTransport(next http.RoundTripper, max, perUser int, qps float64, burst int) *reviewTransport {
-	return &reviewTransport{next: next, review: "subjectaccessreview", key: sarKey, slots: newLimiter(max, perUser),
+	return &reviewTransport{next: next, review: "subjectaccessreview", key: sarKey, slots: limits.New(max, perUser),
 		rate: rate.NewLimiter(rate.Limit(qps), burst), timeout: 5 * time.Second, flights: &singleflight.Group{},
 		m: newReviewMetrics(prometheus.NewRegistry())}
 }
@@ -111,7 +113,7 @@ func TestReviewTransportRateDeadline(t *testing.T) {
 	if _, err := tr.RoundTrip(sarRequest(ctx, "a", "y")); !errors.Is(err, errReviewThrottled) || time.Since(start) > 100*time.Millisecond {
 		t.Errorf("second review, next turn in 10s, deadline in 1s: %v after %s, want errReviewThrottled at once", err, time.Since(start))
 	}
-	if n := tr.slots.inUse(); n != 0 {
+	if n := tr.slots.InUse(); n != 0 {
 		t.Errorf("%d slots still held", n)
 	}
 }

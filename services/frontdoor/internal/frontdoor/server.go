@@ -79,6 +79,7 @@ import (
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 type metrics struct {
@@ -151,8 +152,8 @@ type Server struct {
 	deprecations *deprecations
 	m            *metrics
 	fanout       *fanoutPool
-	requests     *limiter
-	watches      *limiter
+	requests     *limits.Limiter
+	watches      *limits.Limiter
 	checks       []func() bool
 	loaded       []reloadable
 	metricsH     http.Handler
@@ -178,11 +179,11 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	}
 	m := newMetrics(promReg)
 	s := &Server{cfg: cfg, log: log, cache: cache, m: m, codec: codec, neg: storage.NewNegotiator(),
-		requests: newLimiter(cfg.MaxInflight, cfg.MaxInflightPerUser),
-		watches:  newLimiter(cfg.MaxWatches, cfg.MaxWatchesPerUser),
+		requests: limits.New(cfg.MaxInflight, cfg.MaxInflightPerUser),
+		watches:  limits.New(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
-	s.requests.inUseGauge = m.currentInflight.WithLabelValues("readOnly")
-	s.watches.inUseGauge = m.currentInflight.WithLabelValues("watch")
+	s.requests.InUseGauge = m.currentInflight.WithLabelValues("readOnly")
+	s.watches.InUseGauge = m.currentInflight.WithLabelValues("watch")
 	watch := func(r reloadable) {
 		s.loaded = append(s.loaded, r)
 		ok := m.reloadOK.WithLabelValues(r.Name())
