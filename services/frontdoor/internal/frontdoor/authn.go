@@ -27,6 +27,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	saJWT "k8s.io/apiserver/pkg/authentication/token/jwt"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"herald.dev/services/frontdoor/internal/trust"
 )
 
 // Well-known users and groups, as kube-apiserver names them.
@@ -72,9 +74,9 @@ func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
 // Every authenticated user is also in system:authenticated. The secrets
 // themselves never leave this file: errors name the reason, not the token.
 type authenticator struct {
-	tokens    *trustSource[tokenFile]     // nil: no static tokens
-	clientCAs *trustSource[x509.CertPool] // nil: client certificates ignored
-	saKeys    *trustSource[saKeySet]      // nil: no service-account tokens
+	tokens    *trust.Source[tokenFile]     // nil: no static tokens
+	clientCAs *trust.Source[x509.CertPool] // nil: client certificates ignored
+	saKeys    *trust.Source[saKeySet]      // nil: no service-account tokens
 	issuers   []string
 	audiences []string
 	anonymous bool
@@ -353,7 +355,7 @@ func loadTokens(path string) (*tokenFile, error) {
 		a.users[sha256.Sum256([]byte(rec[0]))] = u
 	}
 	// An empty file is valid: it revokes every token (so does a file that
-	// fails to parse or is deleted, reloaded: see trustSource).
+	// fails to parse or is deleted, reloaded: see trust.Source).
 	return a, nil
 }
 

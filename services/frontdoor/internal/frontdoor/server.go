@@ -80,6 +80,7 @@ import (
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/trust"
 )
 
 type metrics struct {
@@ -139,9 +140,9 @@ type Server struct {
 	log     *slog.Logger
 	reg     *kube.Registry
 	authn   *authenticator
-	cluster *cluster             // nil: standalone; else in front of kube-apiserver (delegated.go)
-	rbac    *trustSource[policy] // nil: no manifests, only system:masters
-	trust   *trustSources        // the trust files, failing closed (reload.go)
+	cluster *cluster              // nil: standalone; else in front of kube-apiserver (delegated.go)
+	rbac    *trust.Source[policy] // nil: no manifests, only system:masters
+	trust   *trustSources         // the trust files, failing closed (reload.go)
 	cert    *service.Reloadable[tls.Certificate]
 	cache   heraldv1.CacheClient
 	codec   *storage.Codec      // protobuf and metadata encodings
