@@ -11,12 +11,14 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 
 	"herald.dev/libs/kube"
+	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/reqinfo"
 )
 
 // attributes describe one request to authorize: exactly what
 // kube-apiserver's authorization filter hands its authorizers (Node, RBAC,
 // webhooks), built by the same code — k8s.io/apiserver's request-info
-// resolver (requestInfos) and filters.GetAuthorizerAttributes:
+// resolver (reqinfo.Infos) and filters.GetAuthorizerAttributes:
 //
 //   - the verb: get, list or watch for a read (watch for ?watch=true and
 //     /watch/ paths), the HTTP method in lower case for a non-resource path;
@@ -39,7 +41,7 @@ type attributes struct {
 // handler chain does (WithRequestInfo, then WithAuthorization's
 // GetAuthorizerAttributes).
 func requestAttributes(r *http.Request, u *User) (attributes, error) {
-	info, err := requestInfos.NewRequestInfo(r)
+	info, err := reqinfo.Infos.NewRequestInfo(r)
 	if err != nil {
 		return attributes{}, fmt.Errorf("failed to create RequestInfo: %w", err)
 	}
@@ -73,7 +75,7 @@ func checkSelectors(info kube.RequestInfo, q url.Values, max int) error {
 		}
 	}
 	if n > max {
-		return badRequest(fmt.Sprintf("fieldSelector and labelSelector together are %d bytes, more than the %d this server accepts (max-selector-bytes)", n, max))
+		return apierr.BadRequest(fmt.Sprintf("fieldSelector and labelSelector together are %d bytes, more than the %d this server accepts (max-selector-bytes)", n, max))
 	}
 	if _, err := kube.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), q.Get("fieldSelector")); err != nil {
 		return kube.OptionError(err)

@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+
+	"herald.dev/services/frontdoor/internal/reqinfo"
 )
 
 // The audit log: one kube-apiserver audit Event (audit.k8s.io/v1, level
@@ -231,13 +233,13 @@ func (l *auditLog) begin(r *http.Request, auditID string, start time.Time, ae *a
 	for _, ip := range utilnet.SourceIPs(r) {
 		ev.SourceIPs = append(ev.SourceIPs, ip.String())
 	}
-	if info, err := requestInfos.NewRequestInfo(r); err == nil {
+	if info, err := reqinfo.Infos.NewRequestInfo(r); err == nil {
 		ev.Verb = info.Verb
 		if info.IsResourceRequest {
 			ev.ObjectRef = &auditv1.ObjectReference{Resource: info.Resource, Namespace: info.Namespace, Name: info.Name,
 				Subresource: info.Subresource, APIGroup: info.APIGroup, APIVersion: info.APIVersion}
 		}
-		a.longRunning = isLongRunning(r, info)
+		a.longRunning = reqinfo.IsLongRunning(r, info)
 	} else {
 		ev.Verb = strings.ToLower(r.Method)
 	}

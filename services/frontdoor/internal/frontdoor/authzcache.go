@@ -17,6 +17,8 @@ import (
 	"k8s.io/apiserver/plugin/pkg/authorizer/webhook"
 	webhookmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // reviewAuthorizer is cluster mode's authorizer: a SubjectAccessReview per
@@ -40,7 +42,7 @@ type reviewAuthorizer struct {
 	compiler          authorizationcel.Compiler
 }
 
-func newReviewAuthorizer(client authorizationclient.AuthorizationV1Interface, c UpstreamConfig, backoff wait.Backoff) *reviewAuthorizer {
+func newReviewAuthorizer(client authorizationclient.AuthorizationV1Interface, c upstream.Config, backoff wait.Backoff) *reviewAuthorizer {
 	return &reviewAuthorizer{
 		client: client, backoff: backoff, allowTTL: c.AuthzAllowCacheTTL, denyTTL: c.AuthzDenyCacheTTL,
 		cache:    newReviewCache(c.AuthzCacheBytes, c.AuthzCacheBytesPerUser),

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // heapAfterGC is the live heap once garbage is collected.
@@ -63,7 +65,7 @@ func TestReviewCacheBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	const budget = 128 << 10
-	az := newReviewAuthorizer(client, UpstreamConfig{AuthzAllowCacheTTL: time.Minute, AuthzDenyCacheTTL: time.Minute,
+	az := newReviewAuthorizer(client, upstream.Config{AuthzAllowCacheTTL: time.Minute, AuthzDenyCacheTTL: time.Minute,
 		AuthzCacheBytes: budget, AuthzCacheBytesPerUser: budget}, reviewBackoff)
 	u := &user.DefaultInfo{Name: "dan", Groups: []string{"system:authenticated"}}
 	before := heapAfterGC()

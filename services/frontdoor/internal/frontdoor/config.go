@@ -9,6 +9,7 @@ import (
 
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // Config is the whole configuration of a frontdoor replica. Flags are named
@@ -30,7 +31,7 @@ type Config struct {
 	AuthorizationDir string
 
 	// Cluster mode (upstream.go): in front of a real kube-apiserver.
-	Upstream UpstreamConfig
+	Upstream upstream.Config
 
 	// Backends.
 	service.ShardsConfig
@@ -127,10 +128,10 @@ func (c *Config) Validate() error {
 	if c.TLSCertFile == "" || c.TLSKeyFile == "" {
 		errs = append(errs, errors.New("tls.cert-file and tls.key-file are required"))
 	}
-	if c.TokenFile == "" && c.ClientCAFile == "" && c.SAKeyFiles == "" && !c.AnonymousAuth && !c.Upstream.enabled() {
+	if c.TokenFile == "" && c.ClientCAFile == "" && c.SAKeyFiles == "" && !c.AnonymousAuth && !c.Upstream.Enabled() {
 		errs = append(errs, errors.New("no authenticator: set token-auth-file, client-ca-file, service-account-key-file or upstream.kubeconfig (anonymous access is off)"))
 	}
-	if c.Upstream.enabled() {
+	if c.Upstream.Enabled() {
 		// In front of a cluster every identity and every decision is the
 		// cluster's. A static token here would be forwarded upstream by
 		// impersonation (a dev admin token would act as system:masters in

@@ -5,22 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/version"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
@@ -37,6 +33,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/reqinfo"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // Cluster mode's authentication and authorization come from the cluster,
@@ -66,7 +64,7 @@ type cluster struct {
 	log    *slog.Logger
 	tokens k8sauthn.Token
 	authz  authorizer.Authorizer
-	up     *upstream
+	up     *upstream.Proxy
 	// version is the cluster's kube-apiserver's, read at start (what its
 	// deprecation warnings are judged by).
 	version version.Info
@@ -78,38 +76,34 @@ type cluster struct {
 	// recently, and the pool of reviews of the others.
 	known         *knownTokens
 	newTokens     *limits.Limiter
-	reviewMetrics *reviewMetrics
+	reviewMetrics *upstream.ReviewMetrics
 }
 
 // impersonatedKey's value in a request's context is where the impersonation
 // filter's handler stores the user the request runs as (a *user.Info).
 type impersonatedKey struct{}
 
-// requestInfos reads a request's verb and resource as kube-apiserver's
-// handler chain does (what the impersonate-on checks authorize).
-var requestInfos = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
-
 // reviewBackoff is k8s.io/apiserver's DefaultAuthWebhookRetryBackoff,
 // shortened: a review that cannot reach the cluster fails within seconds.
 var reviewBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 3}
 
-func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (*cluster, error) {
-	cfg, err := c.restConfig()
+func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) (*cluster, error) {
+	cfg, err := c.RestConfig()
 	if err != nil {
 		return nil, err
 	}
-	up, err := newUpstream(c, cfg, log)
+	up, err := upstream.New(c, cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	rc := rest.CopyConfig(cfg)
 	rc.Timeout = c.ReviewTimeout
-	rm := newReviewMetrics(reg)
-	authnClient, err := authenticationclient.NewForConfig(newReviewClient(cfg, c, "tokenreview", tokenReviewKey, rm))
+	rm := upstream.NewReviewMetrics(reg)
+	authnClient, err := authenticationclient.NewForConfig(upstream.NewReviewClient(cfg, c, "tokenreview", upstream.TokenReviewKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream TokenReview client: %w", err)
 	}
-	authzClient, err := authorizationclient.NewForConfig(newReviewClient(cfg, c, "subjectaccessreview", sarKey, rm))
+	authzClient, err := authorizationclient.NewForConfig(upstream.NewReviewClient(cfg, c, "subjectaccessreview", upstream.SARKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream SubjectAccessReview client: %w", err)
 	}
@@ -140,7 +134,7 @@ func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (
 	})
 	known := newKnownTokens()
 	newTokens := limits.New(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
-	newTokens.InUseGauge = rm.inflight.WithLabelValues("new-token")
+	newTokens.InUseGauge = rm.Inflight.WithLabelValues("new-token")
 	return &cluster{
 		log:           log,
 		tokens:        cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
@@ -167,10 +161,10 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 		return u, err
 	}
 	resp, ok, rerr := c.reviewToken(r, tok)
-	if errors.Is(rerr, errReviewThrottled) {
+	if errors.Is(rerr, upstream.ErrReviewThrottled) {
 		return nil, rerr
 	}
-	if rerr != nil && reviewUnavailable(rerr) {
+	if rerr != nil && upstream.ReviewUnavailable(rerr) {
 		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
 	}
 	if rerr != nil {
@@ -190,18 +184,6 @@ func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, er
 // upstream cannot answer, not a 401 that would say its credentials are bad.
 var errReviewFailed = errors.New("token review failed")
 
-// reviewUnavailable tells an error of the TokenReview request (transport,
-// timeout, an error Status from the API) from the cluster's answer that the
-// token is not valid, which the webhook authenticator also returns as an
-// error (a plain one, with TokenReview's status.error).
-func reviewUnavailable(err error) bool {
-	var api apierrors.APIStatus
-	var uerr *url.Error
-	var nerr net.Error
-	return errors.As(err, &api) || errors.As(err, &uerr) || errors.As(err, &nerr) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
 func bearerToken(h string) (string, bool) {
 	scheme, tok, found := strings.Cut(h, " ")
 	tok = strings.TrimSpace(tok)
@@ -216,7 +198,7 @@ func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (
 	if !hasImpersonation(r.Header) {
 		return u, true
 	}
-	info, err := requestInfos.NewRequestInfo(r)
+	info, err := reqinfo.Infos.NewRequestInfo(r)
 	if err != nil {
 		// kube-apiserver's handler chain fails such a request before it
 		// reads any header: 500.
@@ -334,7 +316,7 @@ var upstreamVerbs = []string{"get", "list", "watch", "create", "update", "patch"
 // proxy; apply for a server-side apply), resource (as frontdoor names those
 // it serves: plural.group), subresource and namespace.
 func upstreamRequest(r *http.Request) (verb, resource, subresource, namespace string) {
-	info, err := requestInfos.NewRequestInfo(r)
+	info, err := reqinfo.Infos.NewRequestInfo(r)
 	if err != nil {
 		return "other", "", "", ""
 	}

@@ -16,7 +16,9 @@ import (
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
+	"herald.dev/services/frontdoor/internal/apierr"
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // The frontdoor's handler is a chain of filters, as kube-apiserver's is
@@ -198,7 +200,7 @@ func (s *Server) auditLine(sc *requestScope, path, auditID string, start time.Ti
 func withBodyLimit(next http.Handler, max int64, fail statusWriter) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
-			fail(w, r, errBodyTooLarge(max))
+			fail(w, r, apierr.BodyTooLarge(max))
 			return
 		}
 		if r.Body != nil {
@@ -233,16 +235,16 @@ func withAuthentication(next http.Handler, authenticate func(*http.Request) (*Us
 			if err == errNoCredentials {
 				creds = "none"
 			}
-			if errors.Is(err, errReviewThrottled) {
-				kube.WriteStatus(w, errTooMany("Too many requests, please try again later."))
+			if errors.Is(err, upstream.ErrReviewThrottled) {
+				kube.WriteStatus(w, apierr.TooMany("Too many requests, please try again later."))
 				return
 			}
 			if errors.Is(err, errReviewFailed) {
-				kube.WriteStatus(w, errUnavailable("the cluster could not authenticate the request: its TokenReview failed"))
+				kube.WriteStatus(w, apierr.Unavailable("the cluster could not authenticate the request: its TokenReview failed"))
 				return
 			}
 			failures.WithLabelValues(creds).Inc()
-			fail(w, r, errUnauthorized())
+			fail(w, r, apierr.Unauthorized())
 			return
 		}
 		ae.user, ae.authn, ae.who = u.Name, u.Method, u
@@ -424,7 +426,7 @@ func admit(w http.ResponseWriter, l *limits.Limiter, kind string, u *User, rejec
 		if kind == "watch" {
 			msg = "Too many watches, please try again later."
 		}
-		kube.WriteStatus(w, errTooMany(msg))
+		kube.WriteStatus(w, apierr.TooMany(msg))
 		return nil, false
 	}
 	return release, true
@@ -483,5 +485,5 @@ func (s *Server) serveList(w http.ResponseWriter, r *http.Request, info kube.Req
 	ae := scopeOf(r.Context()).entry
 	ae.reason, ae.forwarded = "upstream: older than the cache's window", true
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
-	s.cluster.up.serve(w, r, u)
+	s.cluster.up.Serve(w, r, u.info())
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"herald.dev/libs/kube"
+	"herald.dev/services/frontdoor/internal/apierr"
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // The filters one by one; the package's other tests serve whole requests.
@@ -75,7 +77,7 @@ func TestWithAuthentication(t *testing.T) {
 	}{
 		{"none", errNoCredentials, http.StatusUnauthorized, "none"},
 		{"invalid", errors.New("token: unknown bearer token"), http.StatusUnauthorized, "invalid"},
-		{"throttled", errReviewThrottled, http.StatusTooManyRequests, ""},
+		{"throttled", upstream.ErrReviewThrottled, http.StatusTooManyRequests, ""},
 		{"review failed", errReviewFailed, http.StatusServiceUnavailable, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -153,7 +155,7 @@ func TestWithAuthorization(t *testing.T) {
 	}
 
 	unavailable := func(*http.Request, attributes) (bool, string, error) {
-		return false, "", errUnavailable("down")
+		return false, "", apierr.Unavailable("down")
 	}
 	r, sc = request(metrics)
 	if rec := serve(withAuthorization(next, unavailable, jsonStatus), r); rec.Code != http.StatusServiceUnavailable || sc.entry.reason != "down" {

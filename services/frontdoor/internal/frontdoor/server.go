@@ -79,6 +79,7 @@ import (
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/services/frontdoor/internal/apierr"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/trust"
 )
@@ -212,7 +213,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	}
 	s.authn = a
 	s.deprecations = newDeprecations(standaloneVersion)
-	if cfg.Upstream.enabled() {
+	if cfg.Upstream.Enabled() {
 		if s.cluster, err = newCluster(cfg.Upstream, log, promReg); err != nil {
 			return nil, err
 		}
@@ -269,7 +270,7 @@ func (s *Server) Run(ctx context.Context) {
 	go s.fanout.run(ctx, max(s.cfg.FanoutResolve, 100*time.Millisecond))
 	go cacheclient.FollowCRDs(ctx, s.cache, s.reg, s.log, nil)
 	if s.cluster != nil {
-		go s.cluster.up.healthCheck(ctx, s.cfg.Upstream.HealthInterval)
+		go s.cluster.up.HealthCheck(ctx, s.cfg.Upstream.HealthInterval)
 	}
 	service.WatchFiles(ctx, s.cfg.ReloadInterval, s.checks...)
 }
@@ -498,7 +499,7 @@ func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, er
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return nil, badRequest("limit must be an integer")
+			return nil, apierr.BadRequest("limit must be an integer")
 		}
 		// kube-apiserver lists everything for a negative limit, as for none.
 		limit = max(n, 0)

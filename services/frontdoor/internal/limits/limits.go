@@ -55,9 +55,9 @@ func New(max, perUser int) *Limiter {
 
 // Why a request was refused (metric label).
 const (
-	Total = "total"
-	PerUser  = "per-user"
-	Fair  = "fair-share"
+	Total   = "total"
+	PerUser = "per-user"
+	Fair    = "fair-share"
 )
 
 // Acquire takes a slot for user; when ok, release returns it (once,
