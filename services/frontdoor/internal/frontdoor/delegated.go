@@ -32,6 +32,7 @@ import (
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 
+	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/reqinfo"
 	"herald.dev/services/frontdoor/internal/upstream"
@@ -47,7 +48,7 @@ import (
 //     in cluster mode is the cluster's client CA;
 //   - every read frontdoor serves is authorized with SubjectAccessReview,
 //     of the attributes kube-apiserver's own request info gives
-//     (attributes.go), so RBAC, the Node authorizer and webhooks decide
+//     (internal/authz), so RBAC, the Node authorizer and webhooks decide
 //     exactly as in the cluster; decisions are cached by a hash of the
 //     review within a byte budget (authzcache.go); local RBAC manifests
 //     are not consulted;
@@ -114,7 +115,7 @@ func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) 
 	if err != nil {
 		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
 	}
-	az := newReviewAuthorizer(authzClient, c, reviewBackoff)
+	az := authz.NewReviewAuthorizer(authzClient, c, reviewBackoff)
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	// The version the cluster's deprecation warnings are judged by; if it
@@ -235,17 +236,17 @@ func (u *User) info() user.Info {
 //
 // When the cluster could not be asked, fail is the answer to give instead
 // of a denial (reviewError: 429 or 503).
-func (c *cluster) authorize(ctx context.Context, a attributes) (ok bool, why string, fail error) {
+func (c *cluster) authorize(ctx context.Context, a authz.Attributes) (ok bool, why string, fail error) {
 	d, reason, err := c.authz.Authorize(ctx, &a.AttributesRecord)
 	if err != nil {
-		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "err", err)
+		c.log.Warn("SubjectAccessReview failed", "user", a.User.GetName(), "verb", a.Verb, "resource", a.Resource, "err", err)
 	} else if d != authorizer.DecisionAllow && reason != "" {
-		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "reason", reason)
+		c.log.Debug("SubjectAccessReview denied", "user", a.User.GetName(), "verb", a.Verb, "resource", a.Resource, "reason", reason)
 	}
 	if d == authorizer.DecisionAllow {
 		return true, "", nil
 	}
-	return false, reason, reviewError(err)
+	return false, reason, authz.ReviewError(err)
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode

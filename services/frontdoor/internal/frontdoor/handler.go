@@ -17,6 +17,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
@@ -299,7 +300,7 @@ func (s *Server) withRequestInfo(next http.Handler) http.Handler {
 			}
 			ae := scopeOf(r.Context()).entry
 			ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
-			if err := checkSelectors(info, t.query, s.cfg.MaxSelectorBytes); err != nil {
+			if err := authz.CheckSelectors(info, t.query, s.cfg.MaxSelectorBytes); err != nil {
 				s.writeStatus(w, r, err)
 				return
 			}
@@ -314,21 +315,21 @@ func (s *Server) withRequestInfo(next http.Handler) http.Handler {
 // SubjectAccessReview): 403, or 429/503 when the cluster could not be
 // asked. Discovery is every authenticated user's (kube-apiserver's
 // system:discovery binding).
-func withAuthorization(next http.Handler, allowed func(*http.Request, attributes) (bool, string, error), fail statusWriter) http.Handler {
+func withAuthorization(next http.Handler, allowed func(*http.Request, authz.Attributes) (bool, string, error), fail statusWriter) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t, u := targetOf(r.Context()), userOf(r.Context())
-		var a attributes
+		var a authz.Attributes
 		var err error
 		switch {
 		case t.discovery:
 			next.ServeHTTP(w, r)
 			return
 		case t.nonResource != nil:
-			if a, err = requestAttributes(r, u); err != nil {
+			if a, err = authz.RequestAttributes(r, u.info()); err != nil {
 				err = apierrors.NewInternalError(err)
 			}
 		default:
-			a, err = servedAttributes(r, u, t.info)
+			a, err = authz.ServedAttributes(r, u.info(), t.info)
 		}
 		if err != nil {
 			fail(w, r, err)
@@ -336,11 +337,11 @@ func withAuthorization(next http.Handler, allowed func(*http.Request, attributes
 		}
 		if ok, why, refused := allowed(r, a); !ok {
 			ae := scopeOf(r.Context()).entry
-			ae.reason = forbiddenReason(a)
+			ae.reason = authz.ForbiddenReason(a)
 			if refused != nil {
 				ae.reason = refused.Error()
 			}
-			fail(w, r, cmp.Or(refused, errForbidden(a, why)))
+			fail(w, r, cmp.Or(refused, authz.Forbidden(a, why)))
 			return
 		}
 		next.ServeHTTP(w, r)

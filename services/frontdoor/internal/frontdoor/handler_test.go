@@ -14,6 +14,7 @@ import (
 
 	"herald.dev/libs/kube"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
@@ -137,10 +138,10 @@ func TestWithAuthorization(t *testing.T) {
 	metrics := &target{nonResource: http.NotFoundHandler()}
 
 	asked := 0
-	deny := func(_ *http.Request, a attributes) (bool, string, error) {
+	deny := func(_ *http.Request, a authz.Attributes) (bool, string, error) {
 		asked++
-		if a.Path != "/metrics" || a.Verb != "get" || a.user != u {
-			t.Errorf("attributes %+v", a)
+		if a.Path != "/metrics" || a.Verb != "get" || a.User.GetName() != u.Name {
+			t.Errorf("authz.Attributes %+v", a)
 		}
 		return false, "no rule", nil
 	}
@@ -154,7 +155,7 @@ func TestWithAuthorization(t *testing.T) {
 		t.Fatal("no reason in the audit entry")
 	}
 
-	unavailable := func(*http.Request, attributes) (bool, string, error) {
+	unavailable := func(*http.Request, authz.Attributes) (bool, string, error) {
 		return false, "", apierr.Unavailable("down")
 	}
 	r, sc = request(metrics)
@@ -162,7 +163,7 @@ func TestWithAuthorization(t *testing.T) {
 		t.Fatalf("unavailable: %d, reason %q", rec.Code, sc.entry.reason)
 	}
 
-	allow := func(*http.Request, attributes) (bool, string, error) { asked++; return true, "", nil }
+	allow := func(*http.Request, authz.Attributes) (bool, string, error) { asked++; return true, "", nil }
 	r, _ = request(metrics)
 	if serve(withAuthorization(next, allow, jsonStatus), r); next.r == nil {
 		t.Fatal("allowed: next not reached")

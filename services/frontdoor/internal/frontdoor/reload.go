@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"herald.dev/libs/service"
+	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/trust"
 )
 
@@ -54,13 +55,13 @@ func (s *Server) loadTrust(cfg Config, a *authenticator, reg prometheus.Register
 	if cfg.AuthorizationDir != "" {
 		files := trust.ManifestFiles(cfg.AuthorizationDir)
 		if s.rbac, err = trust.New("rbac", "RBAC grants nothing (only system:masters is allowed)", files,
-			func() (*policy, error) {
+			func() (*authz.Policy, error) {
 				paths, err := files()
 				if err != nil {
 					return nil, fmt.Errorf("rbac: %w", err)
 				}
-				return loadPolicy(paths)
-			}, emptyPolicy); err != nil {
+				return authz.LoadPolicy(paths)
+			}, authz.EmptyPolicy); err != nil {
 			return err
 		}
 		s.addTrust(s.rbac)

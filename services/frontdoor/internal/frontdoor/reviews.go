@@ -13,7 +13,6 @@ import (
 
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
 
-	"herald.dev/services/frontdoor/internal/apierr"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
@@ -133,20 +132,4 @@ func sourceOf(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// reviewError is the answer to a request whose SubjectAccessReview could
-// not be asked (err from the authorizer): 429 when the review limits held it
-// back, 503 when the cluster could not answer; nil for any other error,
-// which stays a denial.
-func reviewError(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, upstream.ErrReviewThrottled):
-		return apierr.TooMany("Too many requests, please try again later.")
-	case upstream.ReviewUnavailable(err):
-		return apierr.Unavailable("the cluster could not authorize the request: its SubjectAccessReview failed")
-	}
-	return nil
 }

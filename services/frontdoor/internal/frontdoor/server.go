@@ -17,7 +17,7 @@
 //     or the resource path against the registry (404/400) and a list's or
 //     watch's selectors (400: unparsable or past max-selector-bytes);
 //  7. withAuthorization: RBAC for the attributes kube-apiserver's request
-//     info gives (attributes.go; rbac.go): 403; discovery and /version are
+//     info gives (internal/authz): 403; discovery and /version are
 //     every authenticated user's, /metrics and /debug/pprof only when RBAC
 //     allows the path (nonResourceURLs);
 //  8. withOptions: content negotiation (negotiate.go): 406 for what
@@ -80,6 +80,7 @@ import (
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/trust"
 )
@@ -141,9 +142,9 @@ type Server struct {
 	log     *slog.Logger
 	reg     *kube.Registry
 	authn   *authenticator
-	cluster *cluster              // nil: standalone; else in front of kube-apiserver (delegated.go)
-	rbac    *trust.Source[policy] // nil: no manifests, only system:masters
-	trust   *trustSources         // the trust files, failing closed (reload.go)
+	cluster *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
+	rbac    *trust.Source[authz.Policy] // nil: no manifests, only system:masters
+	trust   *trustSources               // the trust files, failing closed (reload.go)
 	cert    *service.Reloadable[tls.Certificate]
 	cache   heraldv1.CacheClient
 	codec   *storage.Codec      // protobuf and metadata encodings
@@ -461,15 +462,15 @@ func (s *Server) nonResource(path string) http.Handler {
 // cluster's, in cluster mode), which kube-apiserver appends to its 403;
 // fail, when not nil, is the answer instead of a 403 (the cluster could not
 // be asked: 429 or 503).
-func (s *Server) allowed(r *http.Request, a attributes) (ok bool, why string, fail error) {
+func (s *Server) allowed(r *http.Request, a authz.Attributes) (ok bool, why string, fail error) {
 	defer func() { auditDecision(r.Context(), ok, why) }()
 	if s.cluster != nil {
 		return s.cluster.authorize(r.Context(), a)
 	}
 	if s.rbac == nil {
-		return a.user.inGroup(groupMasters), "", nil
+		return authz.Superuser(a), "", nil
 	}
-	return s.rbac.Get().authorize(a), "", nil
+	return s.rbac.Get().Authorize(a), "", nil
 }
 
 // identityMetadata tells the cache who asks (for its logs and, once it
