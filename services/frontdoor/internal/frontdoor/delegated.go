@@ -2,7 +2,6 @@ package frontdoor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -19,21 +18,18 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/version"
-	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/token/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
 	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/endpoints/request"
-	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
 	discoveryclient "k8s.io/client-go/discovery"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 
+	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
-	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/reqinfo"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
@@ -63,7 +59,7 @@ import (
 //     carries the outcome, never the caller's headers.
 type cluster struct {
 	log    *slog.Logger
-	tokens k8sauthn.Token
+	tokens *authn.TokenReviews
 	authz  authorizer.Authorizer
 	up     *upstream.Proxy
 	// version is the cluster's kube-apiserver's, read at start (what its
@@ -73,11 +69,6 @@ type cluster struct {
 	// allowed what); its handler hands the impersonated user back through
 	// the request's context (impersonatedKey).
 	impersonation http.Handler
-	// Review limits (reviews.go): the tokens the cluster accepted
-	// recently, and the pool of reviews of the others.
-	known         *knownTokens
-	newTokens     *limits.Limiter
-	reviewMetrics *upstream.ReviewMetrics
 }
 
 // impersonatedKey's value in a request's context is where the impersonation
@@ -108,12 +99,9 @@ func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) 
 	if err != nil {
 		return nil, fmt.Errorf("upstream SubjectAccessReview client: %w", err)
 	}
-	tr, err := webhooktoken.NewFromInterface(authnClient, nil, reviewBackoff, c.ReviewTimeout, webhooktoken.AuthenticatorMetrics{
-		RecordRequestTotal:   func(context.Context, string) {},
-		RecordRequestLatency: func(context.Context, string, float64) {},
-	})
+	tokens, err := authn.NewTokenReviews(authnClient, c, reviewBackoff, rm)
 	if err != nil {
-		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
+		return nil, err
 	}
 	az := authz.NewReviewAuthorizer(authzClient, c, reviewBackoff)
 	scheme := runtime.NewScheme()
@@ -133,62 +121,14 @@ func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) 
 			*out, _ = request.UserFrom(r.Context())
 		}
 	})
-	known := newKnownTokens()
-	newTokens := limits.New(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
-	newTokens.InUseGauge = rm.Inflight.WithLabelValues("new-token")
 	return &cluster{
 		log:           log,
-		tokens:        cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
-		known:         known,
-		newTokens:     newTokens,
-		reviewMetrics: rm,
+		tokens:        tokens,
 		authz:         az,
 		up:            up,
 		version:       v,
 		impersonation: impersonation.WithConstrainedImpersonation(impersonated, az, serializer.NewCodecFactory(scheme)),
 	}, nil
-}
-
-// authenticate is local authentication (client certificates against the
-// cluster's CA, static tokens and service-account keys if configured), then
-// TokenReview for a bearer token nothing local accepted.
-func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, error) {
-	u, err := local.authenticate(r)
-	if err == nil {
-		return u, nil
-	}
-	tok, ok := bearerToken(r.Header.Get("Authorization"))
-	if !ok {
-		return u, err
-	}
-	resp, ok, rerr := c.reviewToken(r, tok)
-	if errors.Is(rerr, upstream.ErrReviewThrottled) {
-		return nil, rerr
-	}
-	if rerr != nil && upstream.ReviewUnavailable(rerr) {
-		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
-	}
-	if rerr != nil {
-		// The cluster's reason for refusing the token (TokenReview's
-		// status.error): for the audit line, never the client.
-		return nil, fmt.Errorf("token review: %w", rerr)
-	}
-	if !ok || resp.User == nil {
-		return nil, errors.New("token review: token not accepted by the cluster")
-	}
-	info := resp.User
-	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "tokenreview"}, nil
-}
-
-// errReviewFailed: the cluster could not be asked about a token (it is
-// unreachable or failing). The client gets 503, as for any request the
-// upstream cannot answer, not a 401 that would say its credentials are bad.
-var errReviewFailed = errors.New("token review failed")
-
-func bearerToken(h string) (string, bool) {
-	scheme, tok, found := strings.Cut(h, " ")
-	tok = strings.TrimSpace(tok)
-	return tok, found && strings.EqualFold(scheme, "bearer") && tok != ""
 }
 
 // impersonate applies the request's Impersonate-* headers, if any: each is
@@ -207,7 +147,7 @@ func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (
 		return nil, false
 	}
 	var as user.Info
-	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.info()), info)
+	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.Info()), info)
 	c.impersonation.ServeHTTP(w, r.Clone(context.WithValue(ctx, impersonatedKey{}, &as)))
 	if as == nil {
 		return nil, false
@@ -225,13 +165,9 @@ func hasImpersonation(h http.Header) bool {
 	return false
 }
 
-func (u *User) info() user.Info {
-	return &user.DefaultInfo{Name: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra}
-}
-
 // authorize asks the cluster (cached SubjectAccessReview) whether a is
 // allowed. a is what kube-apiserver's authorization filter would hand its
-// authorizers (requestAttributes): the Node authorizer and others see the
+// authorizers (authz.RequestAttributes): the Node authorizer and others see the
 // name a field selector narrows a list or watch to, and its selectors.
 //
 // When the cluster could not be asked, fail is the answer to give instead
@@ -251,21 +187,21 @@ func (c *cluster) authorize(ctx context.Context, a authz.Attributes) (ok bool, w
 
 // authenticate resolves the request's user: locally, and in cluster mode
 // also by TokenReview; then, in both modes, a service-account token bound
-// to a pod, node or secret is refused once that object is gone (bound.go).
-// A bearer token may come as a WebSocket subprotocol (websocketBearer).
+// to a pod, node or secret is refused once that object is gone (authn.CheckBound).
+// A bearer token may come as a WebSocket subprotocol (authn.WebSocketBearer).
 func (s *Server) authenticate(r *http.Request) (*User, error) {
-	if err := websocketBearer(r); err != nil {
+	if err := authn.WebSocketBearer(r); err != nil {
 		return nil, err
 	}
-	authenticate := s.authn.authenticate
+	authenticate := s.authn.Authenticate
 	if s.cluster != nil {
-		authenticate = func(r *http.Request) (*User, error) { return s.cluster.authenticate(r, s.authn) }
+		authenticate = func(r *http.Request) (*User, error) { return s.cluster.tokens.Authenticate(r, s.authn) }
 	}
 	u, err := authenticate(r)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkBound(r, u); err != nil {
+	if err := authn.CheckBound(r, u, s.reg, s.cache); err != nil {
 		return nil, err
 	}
 	return u, nil

@@ -17,6 +17,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
@@ -233,14 +234,14 @@ func withAuthentication(next http.Handler, authenticate func(*http.Request) (*Us
 		if err != nil {
 			ae.reason = err.Error()
 			creds := "invalid"
-			if err == errNoCredentials {
+			if err == authn.ErrNoCredentials {
 				creds = "none"
 			}
 			if errors.Is(err, upstream.ErrReviewThrottled) {
 				kube.WriteStatus(w, apierr.TooMany("Too many requests, please try again later."))
 				return
 			}
-			if errors.Is(err, errReviewFailed) {
+			if errors.Is(err, authn.ErrReviewFailed) {
 				kube.WriteStatus(w, apierr.Unavailable("the cluster could not authenticate the request: its TokenReview failed"))
 				return
 			}
@@ -325,11 +326,11 @@ func withAuthorization(next http.Handler, allowed func(*http.Request, authz.Attr
 			next.ServeHTTP(w, r)
 			return
 		case t.nonResource != nil:
-			if a, err = authz.RequestAttributes(r, u.info()); err != nil {
+			if a, err = authz.RequestAttributes(r, u.Info()); err != nil {
 				err = apierrors.NewInternalError(err)
 			}
 		default:
-			a, err = authz.ServedAttributes(r, u.info(), t.info)
+			a, err = authz.ServedAttributes(r, u.Info(), t.info)
 		}
 		if err != nil {
 			fail(w, r, err)
@@ -486,5 +487,5 @@ func (s *Server) serveList(w http.ResponseWriter, r *http.Request, info kube.Req
 	ae := scopeOf(r.Context()).entry
 	ae.reason, ae.forwarded = "upstream: older than the cache's window", true
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
-	s.cluster.up.Serve(w, r, u.info())
+	s.cluster.up.Serve(w, r, u.Info())
 }

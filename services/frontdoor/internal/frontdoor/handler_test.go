@@ -14,6 +14,7 @@ import (
 
 	"herald.dev/libs/kube"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
@@ -76,10 +77,10 @@ func TestWithAuthentication(t *testing.T) {
 		code     int
 		failures string // the credentials label counted, if any
 	}{
-		{"none", errNoCredentials, http.StatusUnauthorized, "none"},
+		{"none", authn.ErrNoCredentials, http.StatusUnauthorized, "none"},
 		{"invalid", errors.New("token: unknown bearer token"), http.StatusUnauthorized, "invalid"},
 		{"throttled", upstream.ErrReviewThrottled, http.StatusTooManyRequests, ""},
-		{"review failed", errReviewFailed, http.StatusServiceUnavailable, ""},
+		{"review failed", authn.ErrReviewFailed, http.StatusServiceUnavailable, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "f"}, []string{"credentials"})
@@ -129,7 +130,7 @@ func TestWithReadOnly(t *testing.T) {
 }
 
 func TestWithAuthorization(t *testing.T) {
-	u := &User{Name: "alice", Groups: []string{groupAuthenticated}}
+	u := &User{Name: "alice", Groups: []string{"system:authenticated"}}
 	request := func(tg *target) (*http.Request, *requestScope) {
 		sc := scopeOf(context.Background())
 		ctx := withTarget(withUser(withScope(context.Background(), sc), u), tg)

@@ -203,7 +203,7 @@ func TestIdentityNotForwardable(t *testing.T) {
 	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
 	rec := httptest.NewRecorder()
 	s.cluster.up.Serve(rec, httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns1/configmaps", nil),
-		(&User{Name: "mallory", Extra: map[string][]string{"k": {"a\r\nImpersonate-Group: system:masters"}}}).info())
+		(&User{Name: "mallory", Extra: map[string][]string{"k": {"a\r\nImpersonate-Group: system:masters"}}}).Info())
 	if code, reason, _ := statusOf(t, rec.Body.Bytes()); rec.Code != http.StatusInternalServerError || code != 500 || reason != "InternalError" {
 		t.Errorf("%d %s", rec.Code, rec.Body)
 	}

@@ -35,7 +35,7 @@ import (
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, u *User) {
 	rec, ok := w.(*statusRecorder)
 	if !ok || !reqinfo.LongRunning(r) {
-		s.cluster.up.Serve(w, r, u.info())
+		s.cluster.up.Serve(w, r, u.Info())
 		return
 	}
 	rec.writeTimeout = 0 // nothing written yet
@@ -49,5 +49,5 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u *User) {
 			rec.timedOut = true
 		}
 	}()
-	s.cluster.up.Serve(sw, r.WithContext(ctx), u.info())
+	s.cluster.up.Serve(sw, r.WithContext(ctx), u.Info())
 }

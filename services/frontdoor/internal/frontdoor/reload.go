@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"herald.dev/libs/service"
+	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/trust"
 )
@@ -25,32 +26,32 @@ type trustSources struct {
 
 // loadTrust loads the trust files cfg names into a (tokens, client CA,
 // service-account keys) and s.rbac, and adds their reload checks to s.
-func (s *Server) loadTrust(cfg Config, a *authenticator, reg prometheus.Registerer) error {
+func (s *Server) loadTrust(cfg Config, a *authn.Authenticator, reg prometheus.Registerer) error {
 	s.trust = &trustSources{broken: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{Name: "herald_frontdoor_trust_source_broken",
 		Help: "1 while a trust file (token file, client CA, service account keys, rbac) is deleted or does not load: its trust is removed (tokens, certificates, service-account tokens refused; RBAC grants nothing) until it loads."}, []string{"what"})}
 	var err error
 	if cfg.TokenFile != "" {
-		if a.tokens, err = trust.New("token file", "its tokens are refused", service.StaticFiles(cfg.TokenFile),
-			func() (*tokenFile, error) { return loadTokens(cfg.TokenFile) },
-			func() *tokenFile { return &tokenFile{users: map[[32]byte]User{}} }); err != nil {
+		if a.Tokens, err = trust.New("token file", "its tokens are refused", service.StaticFiles(cfg.TokenFile),
+			func() (*authn.TokenFile, error) { return authn.LoadTokens(cfg.TokenFile) },
+			func() *authn.TokenFile { return authn.NoTokens() }); err != nil {
 			return err
 		}
-		s.addTrust(a.tokens)
+		s.addTrust(a.Tokens)
 	}
 	if cfg.ClientCAFile != "" {
-		if a.clientCAs, err = trust.New("client CA", "no client certificate is accepted", service.StaticFiles(cfg.ClientCAFile),
-			func() (*x509.CertPool, error) { return loadCertPool(cfg.ClientCAFile) }, x509.NewCertPool); err != nil {
+		if a.ClientCAs, err = trust.New("client CA", "no client certificate is accepted", service.StaticFiles(cfg.ClientCAFile),
+			func() (*x509.CertPool, error) { return authn.LoadCertPool(cfg.ClientCAFile) }, x509.NewCertPool); err != nil {
 			return err
 		}
-		s.addTrust(a.clientCAs)
+		s.addTrust(a.ClientCAs)
 	}
 	if keys := service.SplitList(cfg.SAKeyFiles); len(keys) > 0 {
-		if a.saKeys, err = trust.New("service account keys", "no service-account token is accepted", service.StaticFiles(keys...),
-			func() (*saKeySet, error) { return loadSAKeys(keys) },
-			func() *saKeySet { return &saKeySet{} }); err != nil {
+		if a.SAKeys, err = trust.New("service account keys", "no service-account token is accepted", service.StaticFiles(keys...),
+			func() (*authn.SAKeySet, error) { return authn.LoadSAKeys(keys) },
+			func() *authn.SAKeySet { return &authn.SAKeySet{} }); err != nil {
 			return err
 		}
-		s.addTrust(a.saKeys)
+		s.addTrust(a.SAKeys)
 	}
 	if cfg.AuthorizationDir != "" {
 		files := trust.ManifestFiles(cfg.AuthorizationDir)

@@ -80,6 +80,7 @@ import (
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/trust"
@@ -136,12 +137,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// User is an authenticated identity (authn.User).
+type User = authn.User
+
 // Server is the frontdoor's HTTP handler.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	reg     *kube.Registry
-	authn   *authenticator
+	authn   *authn.Authenticator
 	cluster *cluster                    // nil: standalone; else in front of kube-apiserver (delegated.go)
 	rbac    *trust.Source[authz.Policy] // nil: no manifests, only system:masters
 	trust   *trustSources               // the trust files, failing closed (reload.go)
@@ -205,9 +209,9 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		return nil, err
 	}
 	watch(s.cert)
-	a := &authenticator{anonymous: cfg.AnonymousAuth, now: time.Now, issuers: service.SplitList(cfg.SAIssuers), audiences: service.SplitList(cfg.APIAudiences)}
-	if len(a.audiences) == 0 {
-		a.audiences = a.issuers
+	a := &authn.Authenticator{Anonymous: cfg.AnonymousAuth, Now: time.Now, Issuers: service.SplitList(cfg.SAIssuers), Audiences: service.SplitList(cfg.APIAudiences)}
+	if len(a.Audiences) == 0 {
+		a.Audiences = a.Issuers
 	}
 	if err := s.loadTrust(cfg, a, promReg); err != nil { // reload.go: fail closed
 		return nil, err
@@ -286,7 +290,7 @@ func (s *Server) HTTPServer() *http.Server {
 		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Get(), nil },
 	}
-	if s.authn.clientCAs != nil {
+	if s.authn.ClientCAs != nil {
 		tc.ClientAuth = tls.RequestClientCert
 	}
 	srv := &http.Server{

@@ -1,4 +1,4 @@
-package frontdoor
+package authn
 
 import (
 	"context"
@@ -6,16 +6,100 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/token/cache"
+	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
+	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
+
+// TokenReviews authenticates the bearer tokens nothing local accepts with
+// the cluster's TokenReview, through k8s.io/apiserver's webhook token
+// authenticator and token cache, within the review limits (upstream's
+// review transport, and a pool of its own for tokens the cluster has not
+// accepted recently).
+type TokenReviews struct {
+	tokens k8sauthn.Token
+	// The tokens the cluster accepted recently, and the pool of reviews
+	// of the others.
+	known     *knownTokens
+	newTokens *limits.Limiter
+	metrics   *upstream.ReviewMetrics
+}
+
+// NewTokenReviews reviews tokens with client (a review client of
+// upstream.NewReviewClient), retrying a failed review with backoff, and
+// caches the answers as c says.
+func NewTokenReviews(client authenticationclient.AuthenticationV1Interface, c upstream.Config, backoff wait.Backoff, m *upstream.ReviewMetrics) (*TokenReviews, error) {
+	tr, err := webhooktoken.NewFromInterface(client, nil, backoff, c.ReviewTimeout, webhooktoken.AuthenticatorMetrics{
+		RecordRequestTotal:   func(context.Context, string) {},
+		RecordRequestLatency: func(context.Context, string, float64) {},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
+	}
+	known := newKnownTokens()
+	newTokens := limits.New(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
+	newTokens.InUseGauge = m.Inflight.WithLabelValues("new-token")
+	return &TokenReviews{
+		tokens:    cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
+		known:     known,
+		newTokens: newTokens,
+		metrics:   m,
+	}, nil
+}
+
+// Authenticate is local authentication (client certificates against the
+// cluster's CA, static tokens and service-account keys if configured), then
+// TokenReview for a bearer token nothing local accepted.
+func (c *TokenReviews) Authenticate(r *http.Request, local *Authenticator) (*User, error) {
+	u, err := local.Authenticate(r)
+	if err == nil {
+		return u, nil
+	}
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		return u, err
+	}
+	resp, ok, rerr := c.reviewToken(r, tok)
+	if errors.Is(rerr, upstream.ErrReviewThrottled) {
+		return nil, rerr
+	}
+	if rerr != nil && upstream.ReviewUnavailable(rerr) {
+		return nil, fmt.Errorf("%w: %w", ErrReviewFailed, rerr)
+	}
+	if rerr != nil {
+		// The cluster's reason for refusing the token (TokenReview's
+		// status.error): for the audit line, never the client.
+		return nil, fmt.Errorf("token review: %w", rerr)
+	}
+	if !ok || resp.User == nil {
+		return nil, errors.New("token review: token not accepted by the cluster")
+	}
+	info := resp.User
+	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "tokenreview"}, nil
+}
+
+// ErrReviewFailed: the cluster could not be asked about a token (it is
+// unreachable or failing). The client gets 503, as for any request the
+// upstream cannot answer, not a 401 that would say its credentials are bad.
+var ErrReviewFailed = errors.New("token review failed")
+
+func bearerToken(h string) (string, bool) {
+	scheme, tok, found := strings.Cut(h, " ")
+	tok = strings.TrimSpace(tok)
+	return tok, found && strings.EqualFold(scheme, "bearer") && tok != ""
+}
 
 // knownTokenRetention is how long a token the cluster accepted counts as
 // known (reviewed again outside the new-token pool); knownTokensMax bounds
@@ -110,14 +194,14 @@ func (k *knownTokens) forget(tok string) {
 // cluster has not accepted recently first takes a slot of the new-token
 // pool for the request's source address (429 when there is none), held
 // until its review is answered.
-func (c *cluster) reviewToken(r *http.Request, tok string) (*k8sauthn.Response, bool, error) {
+func (c *TokenReviews) reviewToken(r *http.Request, tok string) (*k8sauthn.Response, bool, error) {
 	if !c.known.has(tok) {
 		release, refused := c.newTokens.Acquire(sourceOf(r))
 		if refused != "" {
 			if refused == limits.PerUser {
 				refused = "per-source"
 			}
-			c.reviewMetrics.Throttled.WithLabelValues("tokenreview", "new-token-"+refused).Inc()
+			c.metrics.Throttled.WithLabelValues("tokenreview", "new-token-"+refused).Inc()
 			return nil, false, upstream.ErrReviewThrottled
 		}
 		defer release()
