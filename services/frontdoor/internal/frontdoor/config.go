@@ -9,6 +9,7 @@ import (
 
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
+	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
 
@@ -30,7 +31,7 @@ type Config struct {
 	ReloadInterval   time.Duration
 	AuthorizationDir string
 
-	// Cluster mode (upstream.go): in front of a real kube-apiserver.
+	// Cluster mode (internal/upstream): in front of a real kube-apiserver.
 	Upstream upstream.Config
 
 	// Backends.
@@ -67,7 +68,7 @@ type Config struct {
 	FanoutResponseTimeout time.Duration
 	FanoutSharedWindow    int
 
-	Audit AuditConfig
+	Audit audit.Config
 }
 
 // RegisterFlags registers every flag of c on fs with its default.

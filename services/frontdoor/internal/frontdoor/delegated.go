@@ -28,6 +28,7 @@ import (
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 
+	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/reqinfo"
@@ -46,7 +47,7 @@ import (
 //     of the attributes kube-apiserver's own request info gives
 //     (internal/authz), so RBAC, the Node authorizer and webhooks decide
 //     exactly as in the cluster; decisions are cached by a hash of the
-//     review within a byte budget (authzcache.go); local RBAC manifests
+//     review within a byte budget (internal/authz); local RBAC manifests
 //     are not consulted;
 //   - Impersonate-* headers (kubectl --as) are authorized as kube-apiserver
 //     v1.36+ does, with its own constrained impersonation filter (KEP-5284:
@@ -211,29 +212,29 @@ func (s *Server) authenticate(r *http.Request) (*User, error) {
 // request: impersonation first (*u becomes the impersonated user), then
 // everything frontdoor does not serve from its cache goes upstream. It
 // reports whether the request was answered.
-func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *auditEntry) bool {
+func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *audit.Entry) bool {
 	as, ok := s.cluster.impersonate(w, r, *u)
 	if !ok {
-		ae.reason = "impersonation refused"
+		ae.Reason = "impersonation refused"
 		return true
 	}
 	if as != *u {
-		ae.authn += ",as=" + as.Name
+		ae.Authn += ",as=" + as.Name
 	}
-	*u, ae.as = as, as
+	*u, ae.As = as, as
 	if s.servedHere(r) {
 		return false
 	}
 	var id, sub string
-	ae.verb, id, sub, ae.ns = upstreamRequest(r)
-	ae.reason, ae.forwarded, ae.upstreamResource = "upstream", true, id
+	ae.Verb, id, sub, ae.Namespace = upstreamRequest(r)
+	ae.Reason, ae.Forwarded, ae.UpstreamResource = "upstream", true, id
 	if sub != "" {
-		ae.upstreamResource += "/" + sub
+		ae.UpstreamResource += "/" + sub
 	}
 	// A metric label only for a resource frontdoor knows: any client may
 	// name any other in a path.
 	if _, known := s.reg.ByID(id); known {
-		ae.resource = id
+		ae.Resource = id
 	}
 	s.forward(w, r, as)
 	return true

@@ -17,6 +17,7 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
@@ -54,8 +55,8 @@ type statusWriter func(w http.ResponseWriter, r *http.Request, err error)
 // audit event and what runs when the request ends.
 type requestScope struct {
 	rec   *statusRecorder
-	entry *auditEntry
-	audit *auditRecord
+	entry *audit.Entry
+	audit *audit.Record
 	end   *requestEnd
 }
 
@@ -67,7 +68,7 @@ func scopeOf(ctx context.Context) *requestScope {
 	if sc, ok := ctx.Value(scopeKey{}).(*requestScope); ok {
 		return sc
 	}
-	return &requestScope{entry: &auditEntry{}, end: &requestEnd{}}
+	return &requestScope{entry: &audit.Entry{}, end: &requestEnd{}}
 }
 
 func withScope(ctx context.Context, sc *requestScope) context.Context {
@@ -146,11 +147,11 @@ func (s *Server) withAudit(next http.Handler) http.Handler {
 		w.Header().Set("Cache-Control", cacheControl)
 		sc := &requestScope{
 			rec:   &statusRecorder{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout},
-			entry: &auditEntry{},
+			entry: &audit.Entry{},
 			end:   &requestEnd{},
 		}
-		sc.audit, r = s.audit.begin(r, auditID, start, sc.entry)
-		sc.rec.onStatus = sc.audit.responseStarted
+		sc.audit, r = s.audit.Begin(r, auditID, start, sc.entry)
+		sc.rec.onStatus = sc.audit.ResponseStarted
 		defer sc.end.handlerReturned()
 		// Not r: a detached watch's end must not keep the request.
 		sc.end.add(s.auditLine(sc, r.URL.Path, auditID, start))
@@ -167,33 +168,33 @@ func (s *Server) auditLine(sc *requestScope, path, auditID string, start time.Ti
 		if code == 0 {
 			code = http.StatusOK
 		}
-		if ae.verb != "" {
-			s.m.requests.WithLabelValues(ae.verb, ae.resource, strconv.Itoa(code)).Inc()
-			if ae.verb != string(kube.VerbWatch) {
-				s.m.duration.WithLabelValues(ae.verb, ae.resource).Observe(time.Since(start).Seconds())
+		if ae.Verb != "" {
+			s.m.requests.WithLabelValues(ae.Verb, ae.Resource, strconv.Itoa(code)).Inc()
+			if ae.Verb != string(kube.VerbWatch) {
+				s.m.duration.WithLabelValues(ae.Verb, ae.Resource).Observe(time.Since(start).Seconds())
 			}
 		}
-		if ae.forwarded {
-			s.m.forwarded.WithLabelValues(ae.verb, strconv.Itoa(code)).Inc()
+		if ae.Forwarded {
+			s.m.forwarded.WithLabelValues(ae.Verb, strconv.Itoa(code)).Inc()
 		}
-		resource := ae.resource
-		if ae.upstreamResource != "" {
-			resource = ae.upstreamResource
+		resource := ae.Resource
+		if ae.UpstreamResource != "" {
+			resource = ae.UpstreamResource
 		}
-		attrs := []any{"user", ae.user, "verb", ae.verb, "resource", resource, "namespace", ae.ns,
+		attrs := []any{"user", ae.User, "verb", ae.Verb, "resource", resource, "namespace", ae.Namespace,
 			"path", path, "code", code, "duration", time.Since(start).Round(time.Microsecond), "auditID", auditID}
-		if ae.authn != "" {
-			attrs = append(attrs, "authn", ae.authn)
+		if ae.Authn != "" {
+			attrs = append(attrs, "authn", ae.Authn)
 		}
 		if rec.timedOut {
 			s.m.writeTimeouts.Inc()
-			ae.reason = "client did not read the response within write-timeout"
+			ae.Reason = "client did not read the response within write-timeout"
 		}
-		if ae.reason != "" {
-			attrs = append(attrs, "reason", ae.reason)
+		if ae.Reason != "" {
+			attrs = append(attrs, "reason", ae.Reason)
 		}
 		s.log.Info("audit", attrs...)
-		sc.audit.complete(code)
+		sc.audit.Complete(code)
 	}
 }
 
@@ -232,7 +233,7 @@ func withAuthentication(next http.Handler, authenticate func(*http.Request) (*Us
 		ae := scopeOf(r.Context()).entry
 		u, err := authenticate(r)
 		if err != nil {
-			ae.reason = err.Error()
+			ae.Reason = err.Error()
 			creds := "invalid"
 			if err == authn.ErrNoCredentials {
 				creds = "none"
@@ -249,7 +250,7 @@ func withAuthentication(next http.Handler, authenticate func(*http.Request) (*Us
 			fail(w, r, apierr.Unauthorized())
 			return
 		}
-		ae.user, ae.authn, ae.who = u.Name, u.Method, u
+		ae.User, ae.Authn, ae.Who = u.Name, u.Method, u
 		next.ServeHTTP(w, r.WithContext(withUser(r.Context(), u)))
 	})
 }
@@ -300,7 +301,7 @@ func (s *Server) withRequestInfo(next http.Handler) http.Handler {
 				return
 			}
 			ae := scopeOf(r.Context()).entry
-			ae.verb, ae.resource, ae.ns = string(info.Verb), info.Resource.ID(), info.Namespace
+			ae.Verb, ae.Resource, ae.Namespace = string(info.Verb), info.Resource.ID(), info.Namespace
 			if err := authz.CheckSelectors(info, t.query, s.cfg.MaxSelectorBytes); err != nil {
 				s.writeStatus(w, r, err)
 				return
@@ -338,9 +339,9 @@ func withAuthorization(next http.Handler, allowed func(*http.Request, authz.Attr
 		}
 		if ok, why, refused := allowed(r, a); !ok {
 			ae := scopeOf(r.Context()).entry
-			ae.reason = authz.ForbiddenReason(a)
+			ae.Reason = authz.ForbiddenReason(a)
 			if refused != nil {
-				ae.reason = refused.Error()
+				ae.Reason = refused.Error()
 			}
 			fail(w, r, cmp.Or(refused, authz.Forbidden(a, why)))
 			return
@@ -462,7 +463,7 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, info kube.Re
 	end.add(open.Dec)
 	end.detached = func(code int) {
 		rec.code = code
-		sc.audit.responseStarted(code)
+		sc.audit.ResponseStarted(code)
 		// The recorder outlives the handler (the audit line reads it): it
 		// must not keep net/http's response, and through it the
 		// connection's buffers, alive.
@@ -485,7 +486,7 @@ func (s *Server) serveList(w http.ResponseWriter, r *http.Request, info kube.Req
 	// Its reply carries its own warnings.
 	w.Header().Del("Warning")
 	ae := scopeOf(r.Context()).entry
-	ae.reason, ae.forwarded = "upstream: older than the cache's window", true
+	ae.Reason, ae.Forwarded = "upstream: older than the cache's window", true
 	s.m.olderThanWindow.WithLabelValues(info.Resource.ID()).Inc()
 	s.cluster.up.Serve(w, r, u.Info())
 }

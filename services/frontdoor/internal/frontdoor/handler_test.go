@@ -91,7 +91,7 @@ func TestWithAuthentication(t *testing.T) {
 			if rec.Code != tc.code || next.r != nil {
 				t.Fatalf("code %d, want %d; next reached: %v", rec.Code, tc.code, next.r != nil)
 			}
-			if sc.entry.reason != tc.err.Error() || sc.entry.who != nil {
+			if sc.entry.Reason != tc.err.Error() || sc.entry.Who != nil {
 				t.Fatalf("audit entry %+v", sc.entry)
 			}
 			counted := 0.0
@@ -113,7 +113,7 @@ func TestWithAuthentication(t *testing.T) {
 	if next.r == nil || userOf(next.r.Context()) != alice {
 		t.Fatal("the next handler did not get the user")
 	}
-	if sc.entry.user != "alice" || sc.entry.authn != "token" || sc.entry.who != alice {
+	if sc.entry.User != "alice" || sc.entry.Authn != "token" || sc.entry.Who != alice {
 		t.Fatalf("audit entry %+v", sc.entry)
 	}
 }
@@ -152,7 +152,7 @@ func TestWithAuthorization(t *testing.T) {
 	if rec.Code != http.StatusForbidden || next.r != nil || asked != 1 || !strings.Contains(rec.Body.String(), ": no rule") {
 		t.Fatalf("denied: %d %s", rec.Code, rec.Body)
 	}
-	if sc.entry.reason == "" {
+	if sc.entry.Reason == "" {
 		t.Fatal("no reason in the audit entry")
 	}
 
@@ -160,8 +160,8 @@ func TestWithAuthorization(t *testing.T) {
 		return false, "", apierr.Unavailable("down")
 	}
 	r, sc = request(metrics)
-	if rec := serve(withAuthorization(next, unavailable, jsonStatus), r); rec.Code != http.StatusServiceUnavailable || sc.entry.reason != "down" {
-		t.Fatalf("unavailable: %d, reason %q", rec.Code, sc.entry.reason)
+	if rec := serve(withAuthorization(next, unavailable, jsonStatus), r); rec.Code != http.StatusServiceUnavailable || sc.entry.Reason != "down" {
+		t.Fatalf("unavailable: %d, reason %q", rec.Code, sc.entry.Reason)
 	}
 
 	allow := func(*http.Request, authz.Attributes) (bool, string, error) { asked++; return true, "", nil }
@@ -315,7 +315,7 @@ func TestWithAudit(t *testing.T) {
 	var seen *requestScope
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen = scopeOf(r.Context())
-		seen.entry.verb, seen.entry.resource = "list", "pods"
+		seen.entry.Verb, seen.entry.Resource = "list", "pods"
 		if _, ok := w.(*statusRecorder); !ok {
 			t.Errorf("the next handler writes to a %T", w)
 		}

@@ -11,7 +11,7 @@
 //     the audit line;
 //  2. withBodyLimit: size limits (headers by net/http, bodies here: 413);
 //  3. withHealth: /livez, /readyz, /healthz answer anyone;
-//  4. withAuthentication (authn.go): 401 unless some credential is valid;
+//  4. withAuthentication (internal/authn): 401 unless some credential is valid;
 //  5. withReadOnly: only GET and HEAD (405);
 //  6. withRequestInfo: discovery and /version, /metrics and /debug/pprof,
 //     or the resource path against the registry (404/400) and a list's or
@@ -24,7 +24,7 @@
 //     kube-apiserver refuses; then option validation (resourceVersion,
 //     selectors, continue, limit): 400 or 422 before any backend is asked
 //     (errors from step 6 on in the negotiated media type);
-//  9. withLimits (limits.go): 429 with Retry-After, per user and overall,
+//  9. withLimits (internal/limits): 429 with Retry-After, per user and overall,
 //     watches and other requests separately;
 //  10. route: LIST/GET from the cache over gRPC, encoded as negotiated;
 //     WATCH proxied to a fanout replica (proxy.go) with the user's
@@ -33,16 +33,16 @@
 // Every response but a watch's must reach the client within write-timeout
 // of its first byte (statusRecorder): a client that stops reading cannot
 // hold a request slot, or the body encoded for it, for longer. Forwarded
-// long-running requests have their own bounds (longrunning.go).
+// long-running requests have their own bounds (longrunning.go,
+// upstream.StreamWriter).
 //
 // Errors reach clients as Kubernetes Status objects, mapped in one place
-// (errors.go, kube.WriteStatus / kube.FromGRPC).
+// (internal/apierr, kube.WriteStatus / kube.FromGRPC).
 //
-// In cluster mode (--upstream.kubeconfig; upstream.go, delegated.go) step 4
-// asks the cluster (TokenReview; no local tokens, keys or RBAC are allowed)
-// and refuses a token bound to a pod or node the cache no longer holds
-// (bound.go);
-// then withClusterRouting has Impersonate-* headers authorized by the
+// In cluster mode (--upstream.kubeconfig; internal/upstream, delegated.go)
+// step 4 asks the cluster (TokenReview; no local tokens, keys or RBAC are
+// allowed) and refuses a token bound to a pod or node the cache no longer
+// holds (authn.CheckBound); then withClusterRouting has Impersonate-* headers authorized by the
 // cluster and forwards every request but the reads of step 10 and /metrics,
 // /debug/pprof to kube-apiserver as the caller (skipping steps 5-10), and
 // step 7 asks the cluster (SubjectAccessReview) instead of local RBAC.
@@ -80,6 +80,7 @@ import (
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
@@ -165,7 +166,7 @@ type Server struct {
 	loaded       []reloadable
 	metricsH     http.Handler
 	debugH       http.Handler
-	audit        *auditLog // nil: no audit log (audit.go)
+	audit        *audit.Log // nil: no audit log (internal/audit)
 	chain        http.Handler
 }
 
@@ -241,7 +242,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
 	}
 	s.debugH = service.PprofHandler()
-	if s.audit, err = newAuditLog(cfg.Audit, log, promReg); err != nil {
+	if s.audit, err = audit.New(cfg.Audit, log, promReg); err != nil {
 		return nil, err
 	}
 	s.chain = s.handler()
@@ -249,7 +250,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 }
 
 // CloseAudit writes the audit events queued and closes the audit log.
-func (s *Server) CloseAudit() { s.audit.close() }
+func (s *Server) CloseAudit() { s.audit.Close() }
 
 // reloadable is a file-backed value of the server (service.Reloadable).
 type reloadable interface {
@@ -333,7 +334,7 @@ type statusRecorder struct {
 	writeTimeout time.Duration
 	deadline     time.Time // zero until the first byte
 	timedOut     bool      // a write failed past the deadline
-	// onStatus runs once, on the response's final status (audit.go).
+	// onStatus runs once, on the response's final status (audit.Record).
 	onStatus func(code int)
 }
 
@@ -417,19 +418,6 @@ func (e *requestEnd) run() {
 	}
 }
 
-// auditEntry is what the audit line says about one request.
-type auditEntry struct {
-	user, authn, verb, resource, ns, reason string
-	// forwarded: answered by kube-apiserver (cluster mode). resource is
-	// then a metric label only for resources frontdoor knows; the audit
-	// line names the request's own, upstreamResource, when set.
-	forwarded        bool
-	upstreamResource string
-	// who: the authenticated user; as: the user it impersonates, in
-	// cluster mode (the audit event, audit.go).
-	who, as *User
-}
-
 // ServeHTTP serves one request through the filter chain (handler.go); the
 // package comment lists the steps.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.chain.ServeHTTP(w, r) }
@@ -467,7 +455,7 @@ func (s *Server) nonResource(path string) http.Handler {
 // fail, when not nil, is the answer instead of a 403 (the cluster could not
 // be asked: 429 or 503).
 func (s *Server) allowed(r *http.Request, a authz.Attributes) (ok bool, why string, fail error) {
-	defer func() { auditDecision(r.Context(), ok, why) }()
+	defer func() { audit.Decision(r.Context(), ok, why) }()
 	if s.cluster != nil {
 		return s.cluster.authorize(r.Context(), a)
 	}

@@ -6,7 +6,7 @@
 //   - the upstream only ever sees Herald's own credentials (from the
 //     upstream kubeconfig) plus Impersonate-* headers naming the user that
 //     frontdoor authenticated (or the user whose impersonation the cluster
-//     authorized for the caller, delegated.go). Whatever credential or
+//     authorized for the caller, frontdoor's delegated.go). Whatever credential or
 //     Impersonate-*/X-Remote-* header the client sent is removed first, so
 //     no client header can make Herald act as itself;
 //   - bodies over max-request-body-bytes (kube-apiserver's 3 MiB) are
@@ -64,7 +64,7 @@ type Config struct {
 	AuthzAllowCacheTTL    time.Duration
 	AuthzDenyCacheTTL     time.Duration
 	// AuthzCacheBytes bounds the SubjectAccessReview cache, and
-	// AuthzCacheBytesPerUser each user's share of it (authzcache.go).
+	// AuthzCacheBytesPerUser each user's share of it (internal/authz).
 	AuthzCacheBytes        int64
 	AuthzCacheBytesPerUser int64
 	ReviewTimeout          time.Duration
@@ -72,7 +72,7 @@ type Config struct {
 	// lifetime (longrunning.go).
 	LongRunningTimeout time.Duration
 
-	// Review limits (reviews.go).
+	// Review limits (reviews.go; the new-token pool: internal/authn).
 	ReviewQPS                   float64
 	ReviewBurst                 int
 	MaxReviewsInflight          int
