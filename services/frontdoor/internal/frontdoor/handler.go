@@ -291,7 +291,7 @@ func (s *Server) withRequestInfo(next http.Handler) http.Handler {
 		switch h := s.nonResource(r.URL.Path); {
 		case h != nil:
 			t.nonResource = h
-		case s.disc.has(r.URL.Path):
+		case s.disc.Has(r.URL.Path):
 			t.discovery = true
 		default:
 			t.query = r.URL.Query()
@@ -363,7 +363,7 @@ func (s *Server) withOptions(next http.Handler) http.Handler {
 			return
 		}
 		info := t.info
-		if h := s.deprecations.header(info.Resource); h != "" {
+		if h := s.deprecations.Header(info.Resource); h != "" {
 			w.Header().Add("Warning", h)
 		}
 		n, err := s.negotiate(r, info)
@@ -445,7 +445,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	case t.nonResource != nil:
 		t.nonResource.ServeHTTP(w, r)
 	case t.discovery:
-		s.disc.serve(w, r.URL.Path)
+		s.disc.Serve(w, r.URL.Path)
 	case t.info.Verb == kube.VerbWatch:
 		s.serveWatch(w, r, t.info, optionsOf(r.Context()).watch)
 	default:

@@ -83,6 +83,7 @@ import (
 	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
+	"herald.dev/services/frontdoor/internal/discovery"
 	"herald.dev/services/frontdoor/internal/limits"
 	"herald.dev/services/frontdoor/internal/trust"
 )
@@ -155,9 +156,9 @@ type Server struct {
 	codec   *storage.Codec      // protobuf and metadata encodings
 	neg     *storage.Negotiator // content negotiation
 	tracer  trace.Tracer        // nil: tracing off
-	disc    *discovery
+	disc    *discovery.Docs
 	// deprecations: the Warning header of a deprecated API version.
-	deprecations *deprecations
+	deprecations *discovery.Deprecations
 	m            *metrics
 	fanout       *fanoutPool
 	requests     *limits.Limiter
@@ -218,12 +219,12 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 		return nil, err
 	}
 	s.authn = a
-	s.deprecations = newDeprecations(standaloneVersion)
+	s.deprecations = discovery.NewDeprecations(discovery.StandaloneVersion)
 	if cfg.Upstream.Enabled() {
 		if s.cluster, err = newCluster(cfg.Upstream, log, promReg); err != nil {
 			return nil, err
 		}
-		s.deprecations = newDeprecations(s.cluster.version)
+		s.deprecations = discovery.NewDeprecations(s.cluster.version)
 	}
 	if s.fanout, err = newFanoutPool(cfg, log, m); err != nil {
 		return nil, err
@@ -236,7 +237,7 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 			return nil, err
 		}
 	}
-	s.disc = newDiscovery(s.reg)
+	s.disc = discovery.New(s.reg)
 	s.fanout.tracer = s.tracer
 	if gather != nil {
 		s.metricsH = promhttp.HandlerFor(gather, promhttp.HandlerOpts{})
