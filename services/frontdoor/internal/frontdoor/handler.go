@@ -21,6 +21,7 @@ import (
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/reads"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
 
@@ -366,7 +367,7 @@ func (s *Server) withOptions(next http.Handler) http.Handler {
 		if h := s.deprecations.Header(info.Resource); h != "" {
 			w.Header().Add("Warning", h)
 		}
-		n, err := s.negotiate(r, info)
+		n, err := s.reads.Negotiate(r, info)
 		if err != nil {
 			s.writeStatus(w, r, err)
 			return
@@ -379,10 +380,10 @@ func (s *Server) withOptions(next http.Handler) http.Handler {
 			// Validated here, once, so that a bad request costs no
 			// connection to a replica; fanout gets the request as parsed.
 			if o.watch, err = kube.ParseWatch(info, t.query); err == nil {
-				err = s.negotiateWatch(r, info)
+				err = s.reads.NegotiateWatch(r, info)
 			}
 		} else {
-			o.list, err = listRequest(info, t.query)
+			o.list, err = reads.ListRequest(info, t.query)
 		}
 		if err != nil {
 			s.writeStatus(w, r, err)
@@ -480,7 +481,7 @@ func (s *Server) serveList(w http.ResponseWriter, r *http.Request, info kube.Req
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	ctx = identityMetadata(ctx, u)
-	if s.list(ctx, w, r, info, o.list, o.negotiated) {
+	if s.reads.List(ctx, s.cache, w, r, info, o.list, o.negotiated) {
 		return
 	}
 	// Its reply carries its own warnings.

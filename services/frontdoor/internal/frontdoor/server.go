@@ -49,15 +49,12 @@
 package frontdoor
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -68,23 +65,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"herald.dev/libs/cacheclient"
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
-	"herald.dev/libs/storage"
-	"herald.dev/services/frontdoor/internal/apierr"
 	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/discovery"
 	"herald.dev/services/frontdoor/internal/limits"
+	"herald.dev/services/frontdoor/internal/reads"
 	"herald.dev/services/frontdoor/internal/trust"
 )
 
@@ -153,9 +146,8 @@ type Server struct {
 	trust   *trustSources               // the trust files, failing closed (reload.go)
 	cert    *service.Reloadable[tls.Certificate]
 	cache   heraldv1.CacheClient
-	codec   *storage.Codec      // protobuf and metadata encodings
-	neg     *storage.Negotiator // content negotiation
-	tracer  trace.Tracer        // nil: tracing off
+	reads   *reads.Reads // LIST and GET from the cache
+	tracer  trace.Tracer // nil: tracing off
 	disc    *discovery.Docs
 	// deprecations: the Warning header of a deprecated API version.
 	deprecations *discovery.Deprecations
@@ -182,12 +174,12 @@ func NewServer(cfg Config, log *slog.Logger, cache heraldv1.CacheClient, promReg
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	codec, err := storage.NewCodec(nil)
+	rd, err := reads.New(log, cfg.GzipMinBytes, cfg.Upstream.Enabled())
 	if err != nil {
 		return nil, err
 	}
 	m := newMetrics(promReg)
-	s := &Server{cfg: cfg, log: log, cache: cache, m: m, codec: codec, neg: storage.NewNegotiator(),
+	s := &Server{cfg: cfg, log: log, cache: cache, m: m, reads: rd,
 		requests: limits.New(cfg.MaxInflight, cfg.MaxInflightPerUser),
 		watches:  limits.New(cfg.MaxWatches, cfg.MaxWatchesPerUser),
 	}
@@ -475,211 +467,3 @@ func identityMetadata(ctx context.Context, u *User) context.Context {
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
-
-// listRequest validates a LIST or GET's options before the cache sees them.
-func listRequest(info kube.RequestInfo, q url.Values) (*heraldv1.ListRequest, error) {
-	prefix := info.Resource.NamespacePrefix(info.Namespace)
-	if info.Name != "" {
-		// A GET reads GetOptions, whose only option is resourceVersion:
-		// kube-apiserver ignores a list's (limit, continue, selectors,
-		// resourceVersionMatch) on it.
-		req := &heraldv1.ListRequest{Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name, ResourceVersion: q.Get("resourceVersion")}
-		if _, err := rv.PlanList(req.ResourceVersion, "", "", 0, prefix); err != nil {
-			return nil, kube.ListPlanError(err, req.ResourceVersion)
-		}
-		return req, nil
-	}
-	var limit int64
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return nil, apierr.BadRequest("limit must be an integer")
-		}
-		// kube-apiserver lists everything for a negative limit, as for none.
-		limit = max(n, 0)
-	}
-	req := &heraldv1.ListRequest{
-		Resource: info.Resource.ID(), Namespace: info.Namespace, Name: info.Name,
-		ResourceVersion: q.Get("resourceVersion"), ResourceVersionMatch: q.Get("resourceVersionMatch"),
-		LabelSelector: q.Get("labelSelector"), FieldSelector: q.Get("fieldSelector"),
-		Limit: limit, Continue: q.Get("continue"),
-	}
-	// kube-apiserver's order: the parameters' syntax, their combination
-	// (422), the field labels, then what its storage reads (the
-	// resourceVersion, the continue token).
-	if _, err := kube.ParseSelector(info.Resource, info.Namespace, req.LabelSelector, req.FieldSelector); err != nil {
-		return nil, kube.OptionError(err)
-	}
-	if err := kube.ValidateListOptions(q); err != nil {
-		return nil, err
-	}
-	if _, err := rv.PlanList(req.ResourceVersion, req.ResourceVersionMatch, req.Continue, req.Limit, prefix); err != nil {
-		return nil, kube.ListPlanError(err, req.ResourceVersion)
-	}
-	return req, nil
-}
-
-// list serves LIST and GET from the cache. In cluster mode it leaves a list
-// older than the cache's window unanswered (false), for kube-apiserver; one
-// at a revision etcd has compacted it answers (kube.CompactedError).
-func (s *Server) list(ctx context.Context, w http.ResponseWriter, r *http.Request, info kube.RequestInfo, req *heraldv1.ListRequest, n storage.Negotiated) bool {
-	resp, err := s.cache.List(ctx, req)
-	if err != nil {
-		apiErr := kube.FromGRPC(err)
-		if s.cluster != nil && info.Name == "" && apierrors.IsResourceExpired(apiErr) && !kube.Compacted(err) {
-			return false
-		}
-		if info.Name != "" && apierrors.IsNotFound(apiErr) {
-			apiErr = apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name)
-		}
-		if kube.StatusOf(apiErr).Code == http.StatusInternalServerError {
-			s.log.Error("cache LIST failed", "resource", info.Resource.ID(), "err", err)
-		}
-		s.writeStatus(w, r, apiErr)
-		return true
-	}
-	if info.Name != "" && len(resp.Items) == 0 {
-		s.writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{Group: info.Resource.Group, Resource: info.Resource.Plural}, info.Name))
-		return true
-	}
-	ct, body, err := s.body(info, resp, n, kube.IncludeObject(r.URL.Query().Get("includeObject")), time.Now())
-	if err != nil {
-		if kube.StatusOf(err).Code == http.StatusInternalServerError {
-			s.log.Error("encoding a response failed", "resource", info.Resource.ID(), "err", err)
-		}
-		s.writeStatus(w, r, err)
-		return true
-	}
-	s.write(w, r, ct, body)
-	return true
-}
-
-// encodeList assembles a list from the items' bytes without re-encoding
-// them.
-func encodeList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
-	b := listBuffer(resp)
-	b.WriteString(`{"kind":"`)
-	b.WriteString(res.Kind)
-	b.WriteString(`List","apiVersion":"`)
-	b.WriteString(res.GroupVersion())
-	b.WriteString(`","metadata":{"resourceVersion":"`)
-	b.WriteString(strconv.FormatInt(resp.Revision, 10))
-	b.WriteByte('"')
-	if resp.Continue != "" {
-		b.WriteString(`,"continue":"`)
-		b.WriteString(resp.Continue)
-		b.WriteByte('"')
-	}
-	if resp.RemainingItemCount != nil {
-		b.WriteString(`,"remainingItemCount":`)
-		b.WriteString(strconv.FormatInt(*resp.RemainingItemCount, 10))
-	}
-	b.WriteString(`},"items":[`)
-	for i, it := range resp.Items {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		// An item as kube's JSON serializer ends it, with a newline, is
-		// embedded without it, and without its TypeMeta: kube-apiserver
-		// encodes the list, whose items carry no kind/apiVersion.
-		it = bytes.TrimSuffix(it, []byte("\n"))
-		if rest, ok := withoutTypeMeta(it); ok {
-			b.WriteByte('{')
-			b.Write(rest)
-		} else {
-			b.Write(it)
-		}
-	}
-	b.WriteString("]}")
-	return b.Bytes()
-}
-
-// listBuffer is a buffer with room for a list of resp's items.
-func listBuffer(resp *heraldv1.ListResponse) *bytes.Buffer {
-	size := 160
-	for _, it := range resp.Items {
-		size += len(it) + 1
-	}
-	return bytes.NewBuffer(make([]byte, 0, size))
-}
-
-// encodeUnstructuredList assembles a list of custom resources as
-// kube-apiserver writes one (an unstructured.UnstructuredList, encoded as a
-// map: keys sorted, "continue" always in the metadata, the items whole),
-// from the items' bytes without re-encoding them.
-func encodeUnstructuredList(res *kube.Resource, resp *heraldv1.ListResponse) []byte {
-	b := listBuffer(resp)
-	b.WriteString(`{"apiVersion":"`)
-	b.WriteString(res.GroupVersion())
-	b.WriteString(`","items":[`)
-	for i, it := range resp.Items {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.Write(bytes.TrimSuffix(it, []byte("\n")))
-	}
-	b.WriteString(`],"kind":"`)
-	b.WriteString(res.Kind)
-	b.WriteString(`List","metadata":{"continue":"`)
-	b.WriteString(resp.Continue)
-	b.WriteByte('"')
-	if resp.RemainingItemCount != nil {
-		b.WriteString(`,"remainingItemCount":`)
-		b.WriteString(strconv.FormatInt(*resp.RemainingItemCount, 10))
-	}
-	b.WriteString(`,"resourceVersion":"`)
-	b.WriteString(strconv.FormatInt(resp.Revision, 10))
-	b.WriteString(`"}}`)
-	return b.Bytes()
-}
-
-// withoutTypeMeta returns what follows the leading
-// `{"kind":"…","apiVersion":"…",` that kube's JSON serializer writes first in
-// an object (the object's other fields and its closing brace), so the cache's
-// bytes are shared (encoded once) between GET/watch, which keep TypeMeta, and
-// LIST items, which must not carry it. ok is false for anything else
-// (hand-written values in another order), which is embedded unchanged.
-func withoutTypeMeta(it []byte) (rest []byte, ok bool) {
-	rest, ok = bytes.CutPrefix(it, []byte(`{"kind":"`))
-	if !ok {
-		return nil, false
-	}
-	i := bytes.IndexByte(rest, '"')
-	if i < 0 {
-		return nil, false
-	}
-	rest, ok = bytes.CutPrefix(rest[i+1:], []byte(`,"apiVersion":"`))
-	if !ok {
-		return nil, false
-	}
-	i = bytes.IndexByte(rest, '"')
-	if i < 0 {
-		return nil, false
-	}
-	rest = rest[i+1:]
-	switch {
-	case len(rest) > 1 && rest[0] == ',':
-		return rest[1:], true
-	case len(rest) > 0 && rest[0] == '}':
-		return rest, true
-	}
-	return nil, false
-}
-
-func (s *Server) write(w http.ResponseWriter, r *http.Request, contentType string, body []byte) {
-	w.Header().Set("Content-Type", contentType)
-	if len(body) >= s.cfg.GzipMinBytes && service.AcceptsGzip(r) {
-		gz := service.GzipResponse(w)
-		w.WriteHeader(http.StatusOK)
-		gz.Write(body)
-		gz.Close()
-		return
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
-		w.Write(body)
-	}
-}
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
