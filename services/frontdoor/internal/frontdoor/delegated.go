@@ -5,24 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/version"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
-	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
-	"k8s.io/apiserver/pkg/endpoints/request"
 	discoveryclient "k8s.io/client-go/discovery"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
@@ -31,7 +20,6 @@ import (
 	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
-	"herald.dev/services/frontdoor/internal/reqinfo"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
 
@@ -67,14 +55,9 @@ type cluster struct {
 	// deprecation warnings are judged by).
 	version version.Info
 	// impersonation is the filter, built once (it caches which mode
-	// allowed what); its handler hands the impersonated user back through
-	// the request's context (impersonatedKey).
-	impersonation http.Handler
+	// allowed what).
+	impersonation *authz.Impersonation
 }
-
-// impersonatedKey's value in a request's context is where the impersonation
-// filter's handler stores the user the request runs as (a *user.Info).
-type impersonatedKey struct{}
 
 // reviewBackoff is k8s.io/apiserver's DefaultAuthWebhookRetryBackoff,
 // shortened: a review that cannot reach the cluster fails within seconds.
@@ -105,8 +88,6 @@ func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) 
 		return nil, err
 	}
 	az := authz.NewReviewAuthorizer(authzClient, c, reviewBackoff)
-	scheme := runtime.NewScheme()
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	// The version the cluster's deprecation warnings are judged by; if it
 	// cannot be read now, the API Herald serves (k8s.io/api v0.37).
 	v := version.Info{Major: "1", Minor: "37"}
@@ -117,53 +98,14 @@ func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) 
 			log.Warn("reading the upstream's version (deprecation warnings are judged as of v1.37)", "err", err)
 		}
 	}
-	impersonated := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		if out, ok := r.Context().Value(impersonatedKey{}).(*user.Info); ok {
-			*out, _ = request.UserFrom(r.Context())
-		}
-	})
 	return &cluster{
 		log:           log,
 		tokens:        tokens,
 		authz:         az,
 		up:            up,
 		version:       v,
-		impersonation: impersonation.WithConstrainedImpersonation(impersonated, az, serializer.NewCodecFactory(scheme)),
+		impersonation: authz.NewImpersonation(az, log),
 	}, nil
-}
-
-// impersonate applies the request's Impersonate-* headers, if any: each is
-// authorized by the cluster for u (kube-apiserver's own filter, on the
-// cluster's SubjectAccessReview), and the result is the user the request
-// runs as. When not allowed, the 403 (or 400) is written and ok is false.
-func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (_ *User, ok bool) {
-	if !hasImpersonation(r.Header) {
-		return u, true
-	}
-	info, err := reqinfo.Infos.NewRequestInfo(r)
-	if err != nil {
-		// kube-apiserver's handler chain fails such a request before it
-		// reads any header: 500.
-		responsewriters.InternalError(w, r, fmt.Errorf("failed to create RequestInfo: %v", err))
-		return nil, false
-	}
-	var as user.Info
-	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.Info()), info)
-	c.impersonation.ServeHTTP(w, r.Clone(context.WithValue(ctx, impersonatedKey{}, &as)))
-	if as == nil {
-		return nil, false
-	}
-	c.log.Debug("impersonation", "user", u.Name, "as", as.GetName())
-	return &User{Name: as.GetName(), UID: as.GetUID(), Groups: as.GetGroups(), Extra: as.GetExtra(), Method: u.Method + "+impersonation"}, true
-}
-
-func hasImpersonation(h http.Header) bool {
-	for k := range h {
-		if strings.HasPrefix(strings.ToLower(k), "impersonate-") {
-			return true
-		}
-	}
-	return false
 }
 
 // authorize asks the cluster (cached SubjectAccessReview) whether a is
@@ -213,7 +155,7 @@ func (s *Server) authenticate(r *http.Request) (*User, error) {
 // everything frontdoor does not serve from its cache goes upstream. It
 // reports whether the request was answered.
 func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *audit.Entry) bool {
-	as, ok := s.cluster.impersonate(w, r, *u)
+	as, ok := s.cluster.impersonation.Apply(w, r, *u)
 	if !ok {
 		ae.Reason = "impersonation refused"
 		return true
@@ -226,7 +168,7 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 		return false
 	}
 	var id, sub string
-	ae.Verb, id, sub, ae.Namespace = upstreamRequest(r)
+	ae.Verb, id, sub, ae.Namespace = upstream.RequestName(r)
 	ae.Reason, ae.Forwarded, ae.UpstreamResource = "upstream", true, id
 	if sub != "" {
 		ae.UpstreamResource += "/" + sub
@@ -238,43 +180,6 @@ func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, 
 	}
 	s.forward(w, r, as)
 	return true
-}
-
-// connectSubresources are the subresources kube-apiserver's metrics count
-// as CONNECT (its validConnectRequests).
-var connectSubresources = []string{"attach", "exec", "portforward", "proxy"}
-
-// upstreamVerbs are the verbs a forwarded request is counted under; any
-// other method is "other" (a client chooses it).
-var upstreamVerbs = []string{"get", "list", "watch", "create", "update", "patch", "apply", "delete",
-	"deletecollection", "connect", "proxy", "post", "put", "head", "options"}
-
-// upstreamRequest names a forwarded request as kube-apiserver's request
-// info and metrics do: its verb (connect for exec, attach, portforward and
-// proxy; apply for a server-side apply), resource (as frontdoor names those
-// it serves: plural.group), subresource and namespace.
-func upstreamRequest(r *http.Request) (verb, resource, subresource, namespace string) {
-	info, err := reqinfo.Infos.NewRequestInfo(r)
-	if err != nil {
-		return "other", "", "", ""
-	}
-	verb = info.Verb
-	switch {
-	case info.IsResourceRequest && slices.Contains(connectSubresources, info.Subresource):
-		verb = "connect"
-	case verb == "patch" && r.Header.Get("Content-Type") == string(types.ApplyPatchType):
-		verb = "apply"
-	case !slices.Contains(upstreamVerbs, verb):
-		verb = "other"
-	}
-	if !info.IsResourceRequest {
-		return verb, "", "", ""
-	}
-	resource = info.Resource
-	if info.APIGroup != "" {
-		resource += "." + info.APIGroup
-	}
-	return verb, resource, info.Subresource, info.Namespace
 }
 
 // servedHere reports whether frontdoor answers r itself in cluster mode:
