@@ -208,15 +208,15 @@ type Record struct {
 type auditKey struct{}
 
 // Begin starts r's audit event (nil when the audit log is off, or for
-// the health probes) and returns r with it in its context, where the
+// the health probes) and r's context with it, where the
 // authorization's decision is recorded (Decision).
-func (l *Log) Begin(r *http.Request, auditID string, start time.Time, ae *Entry) (*Record, *http.Request) {
+func (l *Log) Begin(r *http.Request, auditID string, start time.Time, ae *Entry) (*Record, context.Context) {
 	if l == nil {
-		return nil, r
+		return nil, r.Context()
 	}
 	switch r.URL.Path {
 	case "/livez", "/readyz", "/healthz":
-		return nil, r
+		return nil, r.Context()
 	}
 	a := &Record{l: l, ae: ae, credentials: auditCredentials(r)}
 	ev := &a.ev
@@ -243,7 +243,7 @@ func (l *Log) Begin(r *http.Request, auditID string, start time.Time, ae *Entry)
 	} else {
 		ev.Verb = strings.ToLower(r.Method)
 	}
-	return a, r.WithContext(context.WithValue(r.Context(), auditKey{}, a))
+	return a, context.WithValue(r.Context(), auditKey{}, a)
 }
 
 // Decision records an authorization decision in the request's audit

@@ -14,6 +14,7 @@ import (
 
 	"herald.dev/libs/kube"
 	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
 	"herald.dev/services/frontdoor/internal/limits"
@@ -25,17 +26,44 @@ import (
 // jsonStatus is a statusWriter that writes every error as JSON.
 func jsonStatus(w http.ResponseWriter, _ *http.Request, err error) { kube.WriteStatus(w, err) }
 
-// reached is a next handler that records the request it got.
-type reached struct{ r *http.Request }
+// reached is a next handler that records the request it got, and its
+// scope.
+type reached struct {
+	r  *http.Request
+	sc *requestScope
+}
 
 func (n *reached) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	n.r = r
+	n.r, n.sc = r, scopeOf(w)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+// newScope is a request's scope as withAudit opens it.
+func newScope() *requestScope { return &requestScope{entry: &audit.Entry{}, end: &requestEnd{}} }
+
+type testScopeKey struct{}
+
+// withTestScope has serve serve the request in sc.
+func withTestScope(ctx context.Context, sc *requestScope) context.Context {
+	return context.WithValue(ctx, testScopeKey{}, sc)
+}
+
+// serve serves r with h, in sc when given or in r's context
+// (withTestScope), as the audit filter's recorder would.
+func serve(h http.Handler, r *http.Request, sc ...*requestScope) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, r)
+	var w http.ResponseWriter = rec
+	if s, ok := r.Context().Value(testScopeKey{}).(*requestScope); ok {
+		sc = append(sc, s)
+	}
+	if len(sc) > 0 {
+		if sc[0].rec == nil {
+			sc[0].rec = &statusRecorder{}
+		}
+		sc[0].rec.ResponseWriter, sc[0].rec.scope = rec, sc[0]
+		w = sc[0].rec
+	}
+	h.ServeHTTP(w, r)
 	return rec
 }
 
@@ -86,8 +114,8 @@ func TestWithAuthentication(t *testing.T) {
 			failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "f"}, []string{"credentials"})
 			next := &reached{}
 			h := withAuthentication(next, func(*http.Request) (*User, error) { return nil, tc.err }, failures, jsonStatus)
-			sc := scopeOf(context.Background())
-			rec := serve(h, httptest.NewRequest(http.MethodGet, "/api", nil).WithContext(withScope(context.Background(), sc)))
+			sc := newScope()
+			rec := serve(h, httptest.NewRequest(http.MethodGet, "/api", nil), sc)
 			if rec.Code != tc.code || next.r != nil {
 				t.Fatalf("code %d, want %d; next reached: %v", rec.Code, tc.code, next.r != nil)
 			}
@@ -107,10 +135,10 @@ func TestWithAuthentication(t *testing.T) {
 		})
 	}
 	next := &reached{}
-	sc := scopeOf(context.Background())
+	sc := newScope()
 	h := withAuthentication(next, func(*http.Request) (*User, error) { return alice, nil }, nil, jsonStatus)
-	serve(h, httptest.NewRequest(http.MethodGet, "/api", nil).WithContext(withScope(context.Background(), sc)))
-	if next.r == nil || userOf(next.r.Context()) != alice {
+	serve(h, httptest.NewRequest(http.MethodGet, "/api", nil), sc)
+	if next.r == nil || next.sc.user != alice {
 		t.Fatal("the next handler did not get the user")
 	}
 	if sc.entry.User != "alice" || sc.entry.Authn != "token" || sc.entry.Who != alice {
@@ -132,8 +160,9 @@ func TestWithReadOnly(t *testing.T) {
 func TestWithAuthorization(t *testing.T) {
 	u := &User{Name: "alice", Groups: []string{"system:authenticated"}}
 	request := func(tg *target) (*http.Request, *requestScope) {
-		sc := scopeOf(context.Background())
-		ctx := withTarget(withUser(withScope(context.Background(), sc), u), tg)
+		sc := newScope()
+		sc.user, sc.target = u, tg
+		ctx := withTestScope(context.Background(), sc)
 		return httptest.NewRequest(http.MethodGet, "/metrics", nil).WithContext(ctx), sc
 	}
 	metrics := &target{nonResource: http.NotFoundHandler()}
@@ -183,8 +212,9 @@ func TestWithLimits(t *testing.T) {
 	requests, watches := limits.New(1, 1), limits.New(1, 1)
 	alice := &User{Name: "alice"}
 	request := func(verb kube.Verb) (*http.Request, *requestScope) {
-		sc := scopeOf(context.Background())
-		ctx := withTarget(withUser(withScope(context.Background(), sc), alice), &target{info: kube.RequestInfo{Verb: verb}})
+		sc := newScope()
+		sc.user, sc.target = alice, &target{info: kube.RequestInfo{Verb: verb}}
+		ctx := withTestScope(context.Background(), sc)
 		return httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil).WithContext(ctx), sc
 	}
 
@@ -199,8 +229,8 @@ func TestWithLimits(t *testing.T) {
 
 	// A watch's request slot goes when its stream starts (watchInit), its
 	// watch slot when the request ends.
-	watch := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		watchInit(r.Context())()
+	watch := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		watchInit(w)()
 		inside = requests.InUse()
 	})
 	r, sc := request(kube.VerbWatch)
@@ -253,8 +283,8 @@ func TestWithRequestInfo(t *testing.T) {
 		{"/api/v1/pods?labelSelector=" + strings.Repeat("a", 33), http.StatusBadRequest, nil},
 	} {
 		next := &reached{}
-		sc := scopeOf(context.Background())
-		r := httptest.NewRequest(http.MethodGet, tc.path, nil).WithContext(withScope(context.Background(), sc))
+		sc := newScope()
+		r := httptest.NewRequest(http.MethodGet, tc.path, nil).WithContext(withTestScope(context.Background(), sc))
 		rec := serve(s.withRequestInfo(next), r)
 		if tc.code != 0 {
 			if rec.Code != tc.code || next.r != nil {
@@ -262,8 +292,8 @@ func TestWithRequestInfo(t *testing.T) {
 			}
 			continue
 		}
-		if next.r == nil || !tc.want(targetOf(next.r.Context())) {
-			t.Errorf("%s: %d, target %+v", tc.path, rec.Code, targetOf(r.Context()))
+		if next.r == nil || !tc.want(next.sc.target) {
+			t.Errorf("%s: %d, target %+v", tc.path, rec.Code, sc.target)
 		}
 	}
 }
@@ -287,9 +317,10 @@ func TestWithOptions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sc := scopeOf(context.Background())
+		sc := newScope()
 		sc.rec = &statusRecorder{writeTimeout: 1}
-		q = q.WithContext(withTarget(withScope(context.Background(), sc), &target{info: info, query: q.URL.Query()}))
+		sc.target = &target{info: info, query: q.URL.Query()}
+		q = q.WithContext(withTestScope(context.Background(), sc))
 		if tc.accept != "" {
 			q.Header.Set("Accept", tc.accept)
 		}
@@ -301,7 +332,7 @@ func TestWithOptions(t *testing.T) {
 			}
 			continue
 		}
-		if next.r == nil || !tc.want(optionsOf(next.r.Context())) {
+		if next.r == nil || !tc.want(next.sc.options) {
 			t.Errorf("%s: %d %s", tc.path, rec.Code, rec.Body)
 		}
 		if watch := info.Verb == kube.VerbWatch; (sc.rec.writeTimeout == 0) != watch {
@@ -314,7 +345,7 @@ func TestWithAudit(t *testing.T) {
 	s, _ := testServer(t, "", nil)
 	var seen *requestScope
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen = scopeOf(r.Context())
+		seen = scopeOf(w)
 		seen.entry.Verb, seen.entry.Resource = "list", "pods"
 		if _, ok := w.(*statusRecorder); !ok {
 			t.Errorf("the next handler writes to a %T", w)

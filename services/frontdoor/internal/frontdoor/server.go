@@ -329,6 +329,8 @@ type statusRecorder struct {
 	timedOut     bool      // a write failed past the deadline
 	// onStatus runs once, on the response's final status (audit.Record).
 	onStatus func(code int)
+	// scope is the request's, for the filters (handler.go).
+	scope *requestScope
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
