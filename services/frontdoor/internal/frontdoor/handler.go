@@ -30,8 +30,8 @@ import (
 // ...): each wraps the next handler, answers the request itself when its
 // step refuses it, and otherwise hands what it learned (the user, the
 // resource the path names, the parsed options) to the next in the
-// request's context. handler assembles them, in the order the package
-// comment lists the steps.
+// request's scope (requestScope). handler assembles them, in the order the
+// package comment lists the steps.
 func (s *Server) handler() http.Handler {
 	var h http.Handler = http.HandlerFunc(s.route)
 	h = withLimits(h, s.requests, s.watches, s.m.rejected)
@@ -50,6 +50,12 @@ func (s *Server) handler() http.Handler {
 
 // statusWriter writes err as the request's answer (Server.writeStatus).
 type statusWriter func(w http.ResponseWriter, r *http.Request, err error)
+
+// writeStatus writes err as the answer to r, in the media type the client
+// asked for (reads.Reads.WriteStatus).
+func (s *Server) writeStatus(w http.ResponseWriter, r *http.Request, err error) {
+	s.reads.WriteStatus(w, r, err)
+}
 
 // requestScope is what the audit filter opens for a request, and what
 // the other filters learn about it: the response's recorder, the audit
@@ -114,8 +120,6 @@ type options struct {
 	watch      *kube.WatchRequest
 	list       *heraldv1.ListRequest
 }
-
-func optionsOf(w http.ResponseWriter) *options { return scopeOf(w).options }
 
 // watchInit returns the release of the request slot a watch holds until a
 // replica has started its stream (withLimits); a no-op when there is none.
