@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"herald.dev/services/frontdoor/internal/authn"
 )
 
 const testIssuer = "https://kubernetes.default.svc.cluster.local"
@@ -83,7 +85,7 @@ func TestServiceAccountTokens(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.Header.Set("Authorization", "Bearer "+tc.tok)
-		u, err := s.authn.authenticate(req)
+		u, err := s.authn.Authenticate(req)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: err %v, want ok=%v", tc.name, err, tc.ok)
 			continue
@@ -116,7 +118,7 @@ func TestClientCertificates(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{tc.cert}}
-		u, err := s.authn.authenticate(req)
+		u, err := s.authn.Authenticate(req)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: err %v, want ok=%v", tc.name, err, tc.ok)
 			continue
@@ -126,8 +128,8 @@ func TestClientCertificates(t *testing.T) {
 		}
 	}
 	req, _ := http.NewRequest(http.MethodGet, "/api", nil)
-	if _, err := s.authn.authenticate(req); err != errNoCredentials {
-		t.Errorf("no certificate: %v, want errNoCredentials", err)
+	if _, err := s.authn.Authenticate(req); err != authn.ErrNoCredentials {
+		t.Errorf("no certificate: %v, want authn.ErrNoCredentials", err)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
+	"herald.dev/services/frontdoor/internal/audit"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // Config is the whole configuration of a frontdoor replica. Flags are named
@@ -29,8 +31,8 @@ type Config struct {
 	ReloadInterval   time.Duration
 	AuthorizationDir string
 
-	// Cluster mode (upstream.go): in front of a real kube-apiserver.
-	Upstream UpstreamConfig
+	// Cluster mode (internal/upstream): in front of a real kube-apiserver.
+	Upstream upstream.Config
 
 	// Backends.
 	service.ShardsConfig
@@ -66,7 +68,7 @@ type Config struct {
 	FanoutResponseTimeout time.Duration
 	FanoutSharedWindow    int
 
-	Audit AuditConfig
+	Audit audit.Config
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -127,10 +129,10 @@ func (c *Config) Validate() error {
 	if c.TLSCertFile == "" || c.TLSKeyFile == "" {
 		errs = append(errs, errors.New("tls.cert-file and tls.key-file are required"))
 	}
-	if c.TokenFile == "" && c.ClientCAFile == "" && c.SAKeyFiles == "" && !c.AnonymousAuth && !c.Upstream.enabled() {
+	if c.TokenFile == "" && c.ClientCAFile == "" && c.SAKeyFiles == "" && !c.AnonymousAuth && !c.Upstream.Enabled() {
 		errs = append(errs, errors.New("no authenticator: set token-auth-file, client-ca-file, service-account-key-file or upstream.kubeconfig (anonymous access is off)"))
 	}
-	if c.Upstream.enabled() {
+	if c.Upstream.Enabled() {
 		// In front of a cluster every identity and every decision is the
 		// cluster's. A static token here would be forwarded upstream by
 		// impersonation (a dev admin token would act as system:masters in

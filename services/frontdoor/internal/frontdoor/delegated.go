@@ -2,41 +2,26 @@ package frontdoor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/version"
-	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/token/cache"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
-	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
-	"k8s.io/apiserver/pkg/endpoints/request"
-	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
 	discoveryclient "k8s.io/client-go/discovery"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 
-	kuberequest "herald.dev/libs/kube/request"
+	"herald.dev/libs/kube/request"
+	"herald.dev/services/frontdoor/internal/audit"
+	"herald.dev/services/frontdoor/internal/authn"
+	"herald.dev/services/frontdoor/internal/authz"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // Cluster mode's authentication and authorization come from the cluster,
@@ -49,9 +34,9 @@ import (
 //     in cluster mode is the cluster's client CA;
 //   - every read frontdoor serves is authorized with SubjectAccessReview,
 //     of the attributes kube-apiserver's own request info gives
-//     (attributes.go), so RBAC, the Node authorizer and webhooks decide
+//     (internal/authz), so RBAC, the Node authorizer and webhooks decide
 //     exactly as in the cluster; decisions are cached by a hash of the
-//     review within a byte budget (authzcache.go); local RBAC manifests
+//     review within a byte budget (internal/authz); local RBAC manifests
 //     are not consulted;
 //   - Impersonate-* headers (kubectl --as) are authorized as kube-apiserver
 //     v1.36+ does, with its own constrained impersonation filter (KEP-5284:
@@ -64,65 +49,46 @@ import (
 //     carries the outcome, never the caller's headers.
 type cluster struct {
 	log    *slog.Logger
-	tokens k8sauthn.Token
+	tokens *authn.TokenReviews
 	authz  authorizer.Authorizer
-	up     *upstream
+	up     *upstream.Proxy
 	// version is the cluster's kube-apiserver's, read at start (what its
 	// deprecation warnings are judged by).
 	version version.Info
 	// impersonation is the filter, built once (it caches which mode
-	// allowed what); its handler hands the impersonated user back through
-	// the request's context (impersonatedKey).
-	impersonation http.Handler
-	// Review limits (reviews.go): the tokens the cluster accepted
-	// recently, and the pool of reviews of the others.
-	known         *knownTokens
-	newTokens     *limiter
-	reviewMetrics *reviewMetrics
+	// allowed what).
+	impersonation *authz.Impersonation
 }
-
-// impersonatedKey's value in a request's context is where the impersonation
-// filter's handler stores the user the request runs as (a *user.Info).
-type impersonatedKey struct{}
-
-// requestInfos reads a request's verb and resource as kube-apiserver's
-// handler chain does (what the impersonate-on checks authorize).
-var requestInfos = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
 
 // reviewBackoff is k8s.io/apiserver's DefaultAuthWebhookRetryBackoff,
 // shortened: a review that cannot reach the cluster fails within seconds.
 var reviewBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 3}
 
-func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (*cluster, error) {
-	cfg, err := c.restConfig()
+func newCluster(c upstream.Config, log *slog.Logger, reg prometheus.Registerer) (*cluster, error) {
+	cfg, err := c.RestConfig()
 	if err != nil {
 		return nil, err
 	}
-	up, err := newUpstream(c, cfg, log)
+	up, err := upstream.New(c, cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	rc := rest.CopyConfig(cfg)
 	rc.Timeout = c.ReviewTimeout
-	rm := newReviewMetrics(reg)
-	authnClient, err := authenticationclient.NewForConfig(newReviewClient(cfg, c, "tokenreview", tokenReviewKey, rm))
+	rm := upstream.NewReviewMetrics(reg)
+	authnClient, err := authenticationclient.NewForConfig(upstream.NewReviewClient(cfg, c, "tokenreview", upstream.TokenReviewKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream TokenReview client: %w", err)
 	}
-	authzClient, err := authorizationclient.NewForConfig(newReviewClient(cfg, c, "subjectaccessreview", sarKey, rm))
+	authzClient, err := authorizationclient.NewForConfig(upstream.NewReviewClient(cfg, c, "subjectaccessreview", upstream.SARKey, rm))
 	if err != nil {
 		return nil, fmt.Errorf("upstream SubjectAccessReview client: %w", err)
 	}
-	tr, err := webhooktoken.NewFromInterface(authnClient, nil, reviewBackoff, c.ReviewTimeout, webhooktoken.AuthenticatorMetrics{
-		RecordRequestTotal:   func(context.Context, string) {},
-		RecordRequestLatency: func(context.Context, string, float64) {},
-	})
+	tokens, err := authn.NewTokenReviews(authnClient, c, reviewBackoff, rm)
 	if err != nil {
-		return nil, fmt.Errorf("TokenReview authenticator: %w", err)
+		return nil, err
 	}
-	az := newReviewAuthorizer(authzClient, c, reviewBackoff)
-	scheme := runtime.NewScheme()
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	az := authz.NewReviewAuthorizer(authzClient, c, reviewBackoff)
 	// The version the cluster's deprecation warnings are judged by; if it
 	// cannot be read now, the API Herald serves (k8s.io/api v0.37).
 	v := version.Info{Major: "1", Minor: "37"}
@@ -133,156 +99,53 @@ func newCluster(c UpstreamConfig, log *slog.Logger, reg prometheus.Registerer) (
 			log.Warn("reading the upstream's version (deprecation warnings are judged as of v1.37)", "err", err)
 		}
 	}
-	impersonated := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		if out, ok := r.Context().Value(impersonatedKey{}).(*user.Info); ok {
-			*out, _ = request.UserFrom(r.Context())
-		}
-	})
-	known := newKnownTokens()
-	newTokens := newLimiter(c.MaxNewTokenReviews, c.MaxNewTokenReviewsPerSource)
-	newTokens.inUseGauge = rm.inflight.WithLabelValues("new-token")
 	return &cluster{
 		log:           log,
-		tokens:        cache.New(tokenAnswers{next: tr, known: known}, false, c.AuthnCacheTTL, c.AuthnNegativeCacheTTL),
-		known:         known,
-		newTokens:     newTokens,
-		reviewMetrics: rm,
+		tokens:        tokens,
 		authz:         az,
 		up:            up,
 		version:       v,
-		impersonation: impersonation.WithConstrainedImpersonation(impersonated, az, serializer.NewCodecFactory(scheme)),
+		impersonation: authz.NewImpersonation(az, log),
 	}, nil
-}
-
-// authenticate is local authentication (client certificates against the
-// cluster's CA, static tokens and service-account keys if configured), then
-// TokenReview for a bearer token nothing local accepted.
-func (c *cluster) authenticate(r *http.Request, local *authenticator) (*User, error) {
-	u, err := local.authenticate(r)
-	if err == nil {
-		return u, nil
-	}
-	tok, ok := bearerToken(r.Header.Get("Authorization"))
-	if !ok {
-		return u, err
-	}
-	resp, ok, rerr := c.reviewToken(r, tok)
-	if errors.Is(rerr, errReviewThrottled) {
-		return nil, rerr
-	}
-	if rerr != nil && reviewUnavailable(rerr) {
-		return nil, fmt.Errorf("%w: %w", errReviewFailed, rerr)
-	}
-	if rerr != nil {
-		// The cluster's reason for refusing the token (TokenReview's
-		// status.error): for the audit line, never the client.
-		return nil, fmt.Errorf("token review: %w", rerr)
-	}
-	if !ok || resp.User == nil {
-		return nil, errors.New("token review: token not accepted by the cluster")
-	}
-	info := resp.User
-	return &User{Name: info.GetName(), UID: info.GetUID(), Groups: info.GetGroups(), Extra: info.GetExtra(), Method: "tokenreview"}, nil
-}
-
-// errReviewFailed: the cluster could not be asked about a token (it is
-// unreachable or failing). The client gets 503, as for any request the
-// upstream cannot answer, not a 401 that would say its credentials are bad.
-var errReviewFailed = errors.New("token review failed")
-
-// reviewUnavailable tells an error of the TokenReview request (transport,
-// timeout, an error Status from the API) from the cluster's answer that the
-// token is not valid, which the webhook authenticator also returns as an
-// error (a plain one, with TokenReview's status.error).
-func reviewUnavailable(err error) bool {
-	var api apierrors.APIStatus
-	var uerr *url.Error
-	var nerr net.Error
-	return errors.As(err, &api) || errors.As(err, &uerr) || errors.As(err, &nerr) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
-func bearerToken(h string) (string, bool) {
-	scheme, tok, found := strings.Cut(h, " ")
-	tok = strings.TrimSpace(tok)
-	return tok, found && strings.EqualFold(scheme, "bearer") && tok != ""
-}
-
-// impersonate applies the request's Impersonate-* headers, if any: each is
-// authorized by the cluster for u (kube-apiserver's own filter, on the
-// cluster's SubjectAccessReview), and the result is the user the request
-// runs as. When not allowed, the 403 (or 400) is written and ok is false.
-func (c *cluster) impersonate(w http.ResponseWriter, r *http.Request, u *User) (_ *User, ok bool) {
-	if !hasImpersonation(r.Header) {
-		return u, true
-	}
-	info, err := requestInfos.NewRequestInfo(r)
-	if err != nil {
-		// kube-apiserver's handler chain fails such a request before it
-		// reads any header: 500.
-		responsewriters.InternalError(w, r, fmt.Errorf("failed to create RequestInfo: %v", err))
-		return nil, false
-	}
-	var as user.Info
-	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.info()), info)
-	c.impersonation.ServeHTTP(w, r.Clone(context.WithValue(ctx, impersonatedKey{}, &as)))
-	if as == nil {
-		return nil, false
-	}
-	c.log.Debug("impersonation", "user", u.Name, "as", as.GetName())
-	return &User{Name: as.GetName(), UID: as.GetUID(), Groups: as.GetGroups(), Extra: as.GetExtra(), Method: u.Method + "+impersonation"}, true
-}
-
-func hasImpersonation(h http.Header) bool {
-	for k := range h {
-		if strings.HasPrefix(strings.ToLower(k), "impersonate-") {
-			return true
-		}
-	}
-	return false
-}
-
-func (u *User) info() user.Info {
-	return &user.DefaultInfo{Name: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra}
 }
 
 // authorize asks the cluster (cached SubjectAccessReview) whether a is
 // allowed. a is what kube-apiserver's authorization filter would hand its
-// authorizers (requestAttributes): the Node authorizer and others see the
+// authorizers (authz.RequestAttributes): the Node authorizer and others see the
 // name a field selector narrows a list or watch to, and its selectors.
 //
 // When the cluster could not be asked, fail is the answer to give instead
 // of a denial (reviewError: 429 or 503).
-func (c *cluster) authorize(ctx context.Context, a attributes) (ok bool, why string, fail error) {
+func (c *cluster) authorize(ctx context.Context, a authz.Attributes) (ok bool, why string, fail error) {
 	d, reason, err := c.authz.Authorize(ctx, &a.AttributesRecord)
 	if err != nil {
-		c.log.Warn("SubjectAccessReview failed", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "err", err)
+		c.log.Warn("SubjectAccessReview failed", "user", a.User.GetName(), "verb", a.Verb, "resource", a.Resource, "err", err)
 	} else if d != authorizer.DecisionAllow && reason != "" {
-		c.log.Debug("SubjectAccessReview denied", "user", a.user.Name, "verb", a.Verb, "resource", a.Resource, "reason", reason)
+		c.log.Debug("SubjectAccessReview denied", "user", a.User.GetName(), "verb", a.Verb, "resource", a.Resource, "reason", reason)
 	}
 	if d == authorizer.DecisionAllow {
 		return true, "", nil
 	}
-	return false, reason, reviewError(err)
+	return false, reason, authz.ReviewError(err)
 }
 
 // authenticate resolves the request's user: locally, and in cluster mode
 // also by TokenReview; then, in both modes, a service-account token bound
-// to a pod, node or secret is refused once that object is gone (bound.go).
-// A bearer token may come as a WebSocket subprotocol (websocketBearer).
+// to a pod, node or secret is refused once that object is gone (authn.CheckBound).
+// A bearer token may come as a WebSocket subprotocol (authn.WebSocketBearer).
 func (s *Server) authenticate(r *http.Request) (*User, error) {
-	if err := websocketBearer(r); err != nil {
+	if err := authn.WebSocketBearer(r); err != nil {
 		return nil, err
 	}
-	authenticate := s.authn.authenticate
+	authenticate := s.authn.Authenticate
 	if s.cluster != nil {
-		authenticate = func(r *http.Request) (*User, error) { return s.cluster.authenticate(r, s.authn) }
+		authenticate = func(r *http.Request) (*User, error) { return s.cluster.tokens.Authenticate(r, s.authn) }
 	}
 	u, err := authenticate(r)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkBound(r, u); err != nil {
+	if err := authn.CheckBound(r, u, s.reg, s.cache); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -292,69 +155,32 @@ func (s *Server) authenticate(r *http.Request) (*User, error) {
 // request: impersonation first (*u becomes the impersonated user), then
 // everything frontdoor does not serve from its cache goes upstream. It
 // reports whether the request was answered.
-func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *auditEntry) bool {
-	as, ok := s.cluster.impersonate(w, r, *u)
+func (s *Server) clusterRoute(w http.ResponseWriter, r *http.Request, u **User, ae *audit.Entry) bool {
+	as, ok := s.cluster.impersonation.Apply(w, r, *u)
 	if !ok {
-		ae.reason = "impersonation refused"
+		ae.Reason = "impersonation refused"
 		return true
 	}
 	if as != *u {
-		ae.authn += ",as=" + as.Name
+		ae.Authn += ",as=" + as.Name
 	}
-	*u, ae.as = as, as
+	*u, ae.As = as, as
 	if s.servedHere(r) {
 		return false
 	}
 	var id, sub string
-	ae.verb, id, sub, ae.ns = upstreamRequest(r)
-	ae.reason, ae.forwarded, ae.upstreamResource = "upstream", true, id
+	ae.Verb, id, sub, ae.Namespace = upstream.RequestName(r)
+	ae.Reason, ae.Forwarded, ae.UpstreamResource = "upstream", true, id
 	if sub != "" {
-		ae.upstreamResource += "/" + sub
+		ae.UpstreamResource += "/" + sub
 	}
 	// A metric label only for a resource frontdoor knows: any client may
 	// name any other in a path.
 	if _, known := s.reg.ByID(id); known {
-		ae.resource = id
+		ae.Resource = id
 	}
 	s.forward(w, r, as)
 	return true
-}
-
-// connectSubresources are the subresources kube-apiserver's metrics count
-// as CONNECT (its validConnectRequests).
-var connectSubresources = []string{"attach", "exec", "portforward", "proxy"}
-
-// upstreamVerbs are the verbs a forwarded request is counted under; any
-// other method is "other" (a client chooses it).
-var upstreamVerbs = []string{"get", "list", "watch", "create", "update", "patch", "apply", "delete",
-	"deletecollection", "connect", "proxy", "post", "put", "head", "options"}
-
-// upstreamRequest names a forwarded request as kube-apiserver's request
-// info and metrics do: its verb (connect for exec, attach, portforward and
-// proxy; apply for a server-side apply), resource (as frontdoor names those
-// it serves: plural.group), subresource and namespace.
-func upstreamRequest(r *http.Request) (verb, resource, subresource, namespace string) {
-	info, err := requestInfos.NewRequestInfo(r)
-	if err != nil {
-		return "other", "", "", ""
-	}
-	verb = info.Verb
-	switch {
-	case info.IsResourceRequest && slices.Contains(connectSubresources, info.Subresource):
-		verb = "connect"
-	case verb == "patch" && r.Header.Get("Content-Type") == string(types.ApplyPatchType):
-		verb = "apply"
-	case !slices.Contains(upstreamVerbs, verb):
-		verb = "other"
-	}
-	if !info.IsResourceRequest {
-		return verb, "", "", ""
-	}
-	resource = info.Resource
-	if info.APIGroup != "" {
-		resource += "." + info.APIGroup
-	}
-	return verb, resource, info.Subresource, info.Namespace
 }
 
 // servedHere reports whether frontdoor answers r itself in cluster mode:
@@ -369,6 +195,6 @@ func (s *Server) servedHere(r *http.Request) bool {
 	if s.nonResource(r.URL.Path) != nil {
 		return true
 	}
-	_, err := kuberequest.Parse(s.reg, r.URL.Path, r.URL.Query())
+	_, err := request.Parse(s.reg, r.URL.Path, r.URL.Query())
 	return err == nil
 }

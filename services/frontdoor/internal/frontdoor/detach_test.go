@@ -92,8 +92,8 @@ func testWatchThroughTLSServer(t *testing.T, sessions bool) {
 				t.Fatalf("HTTP/1.1 response: close %v, transfer encoding %v; want a chunked stream on a closing connection", resp.Close, resp.TransferEncoding)
 			}
 			b := s.fanout.backends[0]
-			if b.open.Load() != 1 || s.watches.inUse() != 1 || testutil.ToFloat64(s.m.longrunning) != 1 {
-				t.Fatalf("while open: replica count %d, watch slots %d, gauge %v; want 1 each", b.open.Load(), s.watches.inUse(), testutil.ToFloat64(s.m.longrunning))
+			if b.open.Load() != 1 || s.watches.InUse() != 1 || testutil.ToFloat64(s.m.longrunning) != 1 {
+				t.Fatalf("while open: replica count %d, watch slots %d, gauge %v; want 1 each", b.open.Load(), s.watches.InUse(), testutil.ToFloat64(s.m.longrunning))
 			}
 			br := bufio.NewReader(resp.Body)
 			for i := range 3 {
@@ -118,9 +118,9 @@ func testWatchThroughTLSServer(t *testing.T, sessions bool) {
 			if !s.WaitWatches(10 * time.Second) {
 				t.Fatal("detached watches still running after shutdown")
 			}
-			if b.open.Load() != 0 || s.watches.inUse() != 0 || s.requests.inUse() != 0 || testutil.ToFloat64(s.m.longrunning) != 0 {
+			if b.open.Load() != 0 || s.watches.InUse() != 0 || s.requests.InUse() != 0 || testutil.ToFloat64(s.m.longrunning) != 0 {
 				t.Fatalf("after the watch: replica count %d, watch slots %d, request slots %d, gauge %v; want 0 each",
-					b.open.Load(), s.watches.inUse(), s.requests.inUse(), testutil.ToFloat64(s.m.longrunning))
+					b.open.Load(), s.watches.InUse(), s.requests.InUse(), testutil.ToFloat64(s.m.longrunning))
 			}
 			fan.servedAs(t, sessions)
 		})
@@ -182,8 +182,8 @@ func testShutdownCutsWatchNotRead(t *testing.T, sessions bool) {
 		t.Fatalf("the watch was cut after %s, before the grace period (%s)", took, grace)
 	}
 	b := s.fanout.backends[0]
-	if b.open.Load() != 0 || s.watches.inUse() != 0 || s.fanout.buffers.lent.Load() != 0 {
-		t.Fatalf("after the cut: replica count %d, watch slots %d, buffers lent %d; want 0 each", b.open.Load(), s.watches.inUse(), s.fanout.buffers.lent.Load())
+	if b.open.Load() != 0 || s.watches.InUse() != 0 || s.fanout.buffers.lent.Load() != 0 {
+		t.Fatalf("after the cut: replica count %d, watch slots %d, buffers lent %d; want 0 each", b.open.Load(), s.watches.InUse(), s.fanout.buffers.lent.Load())
 	}
 	fan.servedAs(t, sessions)
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -108,7 +109,7 @@ func FuzzContinue(f *testing.F) {
 	f.Add("e30", "7", int64(-3))
 	f.Add("eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6LTEsInN0YXJ0IjoibnMxL3BcdTAwMDAifQ", "", int64(1))
 	f.Fuzz(func(t *testing.T, cont, resourceVersion string, limit int64) {
-		q := url.Values{"continue": {cont}, "resourceVersion": {resourceVersion}, "limit": {itoa(limit)}}
+		q := url.Values{"continue": {cont}, "resourceVersion": {resourceVersion}, "limit": {strconv.FormatInt(limit, 10)}}
 		serveFuzz(t, "/api/v1/pods", q.Encode())
 	})
 }

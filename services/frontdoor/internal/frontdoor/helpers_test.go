@@ -316,3 +316,7 @@ func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
 	f.Server = srv
 	return f
 }
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

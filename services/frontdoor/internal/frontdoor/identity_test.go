@@ -80,7 +80,7 @@ func TestForwardedExtraKeys(t *testing.T) {
 			t.Fatalf("forwarded as erin: %d %s, want the upstream's 201", rec.Code, rec.Body)
 		}
 	}
-	if since := s.cluster.up.servers[0].downSince.Load(); since != 0 {
+	if s.cluster.up.ServersDown() != 0 {
 		t.Error("the upstream was marked down")
 	}
 	got, _ := k.last(t)
@@ -202,13 +202,13 @@ func TestIdentityNotForwardable(t *testing.T) {
 	k := newFakeKube(t)
 	s := clusterServer(t, k.srv.URL, k.caPEM(), nil)
 	rec := httptest.NewRecorder()
-	s.cluster.up.serve(rec, httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns1/configmaps", nil),
-		&User{Name: "mallory", Extra: map[string][]string{"k": {"a\r\nImpersonate-Group: system:masters"}}})
+	s.cluster.up.Serve(rec, httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns1/configmaps", nil),
+		(&User{Name: "mallory", Extra: map[string][]string{"k": {"a\r\nImpersonate-Group: system:masters"}}}).Info())
 	if code, reason, _ := statusOf(t, rec.Body.Bytes()); rec.Code != http.StatusInternalServerError || code != 500 || reason != "InternalError" {
 		t.Errorf("%d %s", rec.Code, rec.Body)
 	}
-	if k.count() != 0 || s.cluster.up.servers[0].downSince.Load() != 0 {
-		t.Errorf("forwarded %d, upstream down since %d", k.count(), s.cluster.up.servers[0].downSince.Load())
+	if k.count() != 0 || s.cluster.up.ServersDown() != 0 {
+		t.Errorf("forwarded %d, upstream servers down %d", k.count(), s.cluster.up.ServersDown())
 	}
 	if rec := send(s, http.MethodGet, "/apis/example.com/v1/widgets", tokAdmin, nil, nil); rec.Code != http.StatusCreated {
 		t.Errorf("next user: %d %s", rec.Code, rec.Body)

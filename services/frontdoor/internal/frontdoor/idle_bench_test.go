@@ -60,14 +60,14 @@ func BenchmarkIdleWatchHeap(b *testing.B) {
 			// replica, lazily built state) is not a watch's.
 			_, stop := idleHelper(b, "clients", target, "1", proto)
 			stop()
-			for s.watches.inUse() != 0 {
+			for s.watches.InUse() != 0 {
 				time.Sleep(time.Millisecond) // polling the watch slots, bounded by the benchmark's timeout
 			}
 			heap0, live0, stack0 := goMemory()
 			_, stopClients := idleHelper(b, "clients", target, strconv.Itoa(watches), proto)
 			defer stopClients()
 			heap1, live1, stack1 := goMemory()
-			if n := s.watches.inUse(); n != watches {
+			if n := s.watches.InUse(); n != watches {
 				b.Fatalf("%d watches open, want %d", n, watches)
 			}
 			b.ReportMetric(float64(int64(heap1)-int64(heap0))/watches, "heap-B/watch")

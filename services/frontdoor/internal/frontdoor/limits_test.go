@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // TestWatchLimitsFitADaemonSet: with the default flags, 5,000 watches of one
@@ -17,21 +19,21 @@ func TestWatchLimitsFitADaemonSet(t *testing.T) {
 	s, _ := testServer(t, "", nil)
 	const ds = "system:serviceaccount:kube-system:kube-proxy"
 	for i := range 5000 {
-		if _, refused := s.watches.acquire(ds); refused != "" {
+		if _, refused := s.watches.Acquire(ds); refused != "" {
 			t.Fatalf("DaemonSet watch %d refused with the default flags: %s", i, refused)
 		}
 	}
-	if _, refused := s.watches.acquire("alice"); refused != "" {
+	if _, refused := s.watches.Acquire("alice"); refused != "" {
 		t.Fatalf("another user while the DaemonSet holds 5,000 watches: %s", refused)
 	}
 	// Fill the pool with the DaemonSet's watches until it is refused: it is
 	// refused for holding more than its share of a contended pool...
 	held := 5000
 	for {
-		_, refused := s.watches.acquire(ds)
+		_, refused := s.watches.Acquire(ds)
 		if refused != "" {
-			if refused != limitFair {
-				t.Fatalf("DaemonSet refused at %d watches for %q, want %q", held, refused, limitFair)
+			if refused != limits.Fair {
+				t.Fatalf("DaemonSet refused at %d watches for %q, want %q", held, refused, limits.Fair)
 			}
 			break
 		}
@@ -42,7 +44,7 @@ func TestWatchLimitsFitADaemonSet(t *testing.T) {
 	}
 	// ...while the other users still open theirs.
 	for _, u := range []string{"alice", "bob", "carol"} {
-		if _, refused := s.watches.acquire(u); refused != "" {
+		if _, refused := s.watches.Acquire(u); refused != "" {
 			t.Fatalf("%s refused while the DaemonSet holds %d: %s", u, held, refused)
 		}
 	}
@@ -81,7 +83,7 @@ func TestWatchInitializationHoldsARequestSlot(t *testing.T) {
 		for !cond() {
 			select {
 			case <-ctx.Done():
-				t.Fatalf("timed out waiting for %s (requests in use %d, watches in use %d)", what, s.requests.inUse(), s.watches.inUse())
+				t.Fatalf("timed out waiting for %s (requests in use %d, watches in use %d)", what, s.requests.InUse(), s.watches.InUse())
 			case <-time.After(5 * time.Millisecond): // polling a condition with a deadline
 			}
 		}
@@ -95,7 +97,7 @@ func TestWatchInitializationHoldsARequestSlot(t *testing.T) {
 		}
 		first <- resp
 	}()
-	waitFor("the first watch to be initializing", func() bool { return s.requests.inUse() == 1 && s.watches.inUse() == 1 })
+	waitFor("the first watch to be initializing", func() bool { return s.requests.InUse() == 1 && s.watches.InUse() == 1 })
 	resp, err := watch()
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +115,7 @@ func TestWatchInitializationHoldsARequestSlot(t *testing.T) {
 	if line, err := bufio.NewReader(r1.Body).ReadString('\n'); r1.StatusCode != 200 || err != nil || line != "{}\n" {
 		t.Fatalf("first watch: %d %q %v", r1.StatusCode, line, err)
 	}
-	waitFor("the established watch to hold only its watch slot", func() bool { return s.requests.inUse() == 0 && s.watches.inUse() == 1 })
+	waitFor("the established watch to hold only its watch slot", func() bool { return s.requests.InUse() == 0 && s.watches.InUse() == 1 })
 	r2, err := watch()
 	if err != nil {
 		t.Fatal(err)
@@ -122,5 +124,5 @@ func TestWatchInitializationHoldsARequestSlot(t *testing.T) {
 	if r2.StatusCode != 200 {
 		t.Fatalf("a second watch once the first is established: %d, want 200", r2.StatusCode)
 	}
-	waitFor("two established watches", func() bool { return s.requests.inUse() == 0 && s.watches.inUse() == 2 })
+	waitFor("two established watches", func() bool { return s.requests.InUse() == 0 && s.watches.InUse() == 2 })
 }

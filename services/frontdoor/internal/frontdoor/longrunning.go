@@ -1,21 +1,14 @@
 package frontdoor
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"io"
-	"net"
 	"net/http"
-	"os"
-	"sync/atomic"
-	"time"
 
-	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apiserver/pkg/server/filters"
+	"herald.dev/services/frontdoor/internal/reqinfo"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
-// Long-running forwarded requests (cluster mode): watches of what Herald
+// Long-running forwarded requests (cluster mode; upstream.StreamWriter): watches of what Herald
 // does not serve, exec, attach, port-forward, logs and proxy stream for as
 // long as the client, kube-apiserver or the kubelet keep them open, so the
 // write-timeout that bounds every other response from its first byte
@@ -36,164 +29,25 @@ import (
 // kube-apiserver's own limits still apply upstream (a watch's timeout,
 // the kubelet's streaming idle timeout).
 
-// isLongRunning is kube-apiserver's long-running check, with the verbs and
-// subresources kube-apiserver configures it with.
-var isLongRunning = filters.BasicLongRunningRequestCheck(
-	sets.NewString("watch", "proxy"),
-	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
-)
-
-// longRunning reports whether kube-apiserver treats r as long-running.
-func longRunning(r *http.Request) bool {
-	info, err := requestInfos.NewRequestInfo(r)
-	return err == nil && isLongRunning(r, info)
-}
-
-// errStreamLifetime ends a forwarded long-running request that reached
-// upstream.long-running-timeout.
-var errStreamLifetime = errors.New("long-running request reached upstream.long-running-timeout")
-
 // forward sends r to the upstream as u. w is the request's statusRecorder;
 // a long-running request gets its own deadlines (see above) instead of
 // the write-timeout from its first byte.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, u *User) {
 	rec, ok := w.(*statusRecorder)
-	if !ok || !longRunning(r) {
-		s.cluster.up.serve(w, r, u)
+	if !ok || !reqinfo.LongRunning(r) {
+		s.cluster.up.Serve(w, r, u.Info())
 		return
 	}
 	rec.writeTimeout = 0 // nothing written yet
-	sw := newStreamWriter(rec, s.cfg.WriteTimeout)
-	ctx, cancel := context.WithTimeoutCause(r.Context(), s.cfg.Upstream.LongRunningTimeout, errStreamLifetime)
+	sw := upstream.NewStreamWriter(rec, s.cfg.WriteTimeout)
+	ctx, cancel := context.WithTimeoutCause(r.Context(), s.cfg.Upstream.LongRunningTimeout, upstream.ErrStreamLifetime)
 	defer cancel()
 	// Deferred: a stream cut midway ends the handler with a panic
 	// (http.ErrAbortHandler, from the proxy), before the audit line.
 	defer func() {
-		if sw.timedOut.Load() {
+		if sw.TimedOut() {
 			rec.timedOut = true
 		}
 	}()
-	s.cluster.up.serve(sw, r.WithContext(ctx), u)
-}
-
-// streamWriter is a long-running response's writer: every write and flush
-// must complete within timeout of its start; between writes there is no
-// deadline. An upgraded connection (Hijack) keeps the rule for its writes.
-type streamWriter struct {
-	rec      *statusRecorder
-	rc       *http.ResponseController
-	timeout  time.Duration
-	deadline time.Time // of the write under way; zero between writes
-	timedOut atomic.Bool
-}
-
-func newStreamWriter(rec *statusRecorder, timeout time.Duration) *streamWriter {
-	return &streamWriter{rec: rec, rc: http.NewResponseController(rec), timeout: timeout}
-}
-
-func (w *streamWriter) Header() http.Header { return w.rec.Header() }
-
-// WriteHeader sends nothing yet but an informational answer (HTTP/1.1
-// writes a 1xx at once): the final header goes out with the next flush.
-func (w *streamWriter) WriteHeader(code int) {
-	if code >= 100 && code < 200 {
-		w.arm()
-		w.rec.WriteHeader(code)
-		w.disarm()
-		return
-	}
-	w.rec.WriteHeader(code)
-}
-
-func (w *streamWriter) Write(b []byte) (int, error) {
-	w.deadline = time.Time{} // one left by a write not flushed is not this write's
-	w.arm()
-	n, err := w.rec.Write(b)
-	if err != nil {
-		w.failed()
-	}
-	return n, err
-}
-
-// FlushError sends what was written (the proxy flushes after every write);
-// the write's deadline is cleared once it has gone out.
-func (w *streamWriter) FlushError() error {
-	w.arm()
-	if err := w.rc.Flush(); err != nil {
-		w.failed()
-		return err
-	}
-	w.disarm()
-	return nil
-}
-
-func (w *streamWriter) Unwrap() http.ResponseWriter { return w.rec }
-
-// Hijack hands an upgraded connection (exec, attach, port-forward) to the
-// proxy, with each write to the client bounded by timeout.
-func (w *streamWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, brw, err := w.rc.Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	return &writeDeadlineConn{Conn: c, timeout: w.timeout, timedOut: &w.timedOut}, brw, nil
-}
-
-func (w *streamWriter) arm() {
-	if w.deadline.IsZero() {
-		w.deadline = time.Now().Add(w.timeout)
-		// Unsupported only by writers that are not a connection's (tests).
-		_ = w.rc.SetWriteDeadline(w.deadline)
-	}
-}
-
-func (w *streamWriter) disarm() {
-	if !w.deadline.IsZero() {
-		w.deadline = time.Time{}
-		_ = w.rc.SetWriteDeadline(time.Time{})
-	}
-}
-
-func (w *streamWriter) failed() {
-	if !w.deadline.IsZero() && !time.Now().Before(w.deadline) {
-		w.timedOut.Store(true)
-	}
-}
-
-// writeDeadlineConn bounds each write to an upgraded connection by
-// timeout. A connection's deadline only affects the I/O under way and
-// later, so a deadline that passed while the stream was idle is harmless:
-// the next write sets its own first.
-type writeDeadlineConn struct {
-	net.Conn
-	timeout  time.Duration
-	timedOut *atomic.Bool
-}
-
-func (c *writeDeadlineConn) Write(b []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
-		return 0, err
-	}
-	n, err := c.Conn.Write(b)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		c.timedOut.Store(true)
-	}
-	return n, err
-}
-
-// endAtLifetime makes a forwarded response end cleanly (io.EOF) when its
-// request reached upstream.long-running-timeout, rather than with the
-// read error the cancellation gives, which would abort the client's
-// stream as if the upstream had failed.
-type endAtLifetime struct {
-	io.ReadCloser
-	ctx context.Context
-}
-
-func (b *endAtLifetime) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && context.Cause(b.ctx) == errStreamLifetime {
-		return n, io.EOF
-	}
-	return n, err
+	s.cluster.up.Serve(sw, r.WithContext(ctx), u.Info())
 }

@@ -84,25 +84,3 @@ func TestNegotiatedResponses(t *testing.T) {
 		t.Fatalf("metadata LIST: %d %s", code, body)
 	}
 }
-
-// A LIST's items lose the TypeMeta kube's serializer writes first, as
-// kube-apiserver encodes them; anything else is embedded unchanged.
-func TestWithoutTypeMeta(t *testing.T) {
-	for in, want := range map[string]string{
-		`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p"}}`: `{"metadata":{"name":"p"}}`,
-		`{"kind":"Pod","apiVersion":"v1"}`:                         `{}`,
-		`{"metadata":{},"kind":"Pod","apiVersion":"v1"}`:           `{"metadata":{},"kind":"Pod","apiVersion":"v1"}`,
-		`{"kind":"Pod","metadata":{}}`:                             `{"kind":"Pod","metadata":{}}`,
-		`{"kind":"Pod`:                                             `{"kind":"Pod`,
-		`{"kind":"Pod","apiVersion":"v1`:                           `{"kind":"Pod","apiVersion":"v1`,
-		``:                                                         ``,
-	} {
-		got := in
-		if rest, ok := withoutTypeMeta([]byte(in)); ok {
-			got = "{" + string(rest)
-		}
-		if got != want {
-			t.Errorf("%s: got %s, want %s", in, got, want)
-		}
-	}
-}

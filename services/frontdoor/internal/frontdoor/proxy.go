@@ -32,6 +32,8 @@ import (
 	"herald.dev/libs/service"
 	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
 // Identity headers on the internal hop to fanout, kube-apiserver's
@@ -477,7 +479,7 @@ func (b *endCleanly) Read(p []byte) (int, error) {
 // setIdentity replaces every identity header with the user's. Credentials
 // never go to fanout.
 func setIdentity(h http.Header, u *User) {
-	dropIdentity(h)
+	upstream.DropIdentity(h)
 	h.Set(hdrRemoteUser, u.Name)
 	if u.UID != "" {
 		h.Set(hdrRemoteUID, u.UID)
@@ -545,7 +547,7 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *
 		kube.WriteStatus(w, apierrors.NewTooManyRequests("no watch server is reachable; resume from the same resourceVersion", 1))
 		return
 	}
-	kube.WriteStatus(w, errUnavailable("no watch server is reachable, please try again"))
+	kube.WriteStatus(w, apierr.Unavailable("no watch server is reachable, please try again"))
 }
 
 // proxy runs one attempt on b: what httputil.ReverseProxy does for a GET

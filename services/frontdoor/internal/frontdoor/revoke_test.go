@@ -146,7 +146,7 @@ func TestClientCARevoked(t *testing.T) {
 	accepted := func(c *x509.Certificate) bool {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{c}}
-		_, err := s.authn.authenticate(req)
+		_, err := s.authn.Authenticate(req)
 		return err == nil
 	}
 	if !accepted(certOne) || !accepted(certTwo) {
@@ -193,7 +193,7 @@ func TestJWTWithoutExpiryRefused(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.Header.Set("Authorization", "Bearer "+saToken(t, jwt.SigningMethodES256, key, tc.mod))
-		if _, err := s.authn.authenticate(req); (err == nil) != tc.ok {
+		if _, err := s.authn.Authenticate(req); (err == nil) != tc.ok {
 			t.Errorf("%s: err %v, want ok=%v", tc.name, err, tc.ok)
 		}
 	}

@@ -65,8 +65,8 @@ func TestAuthorization(t *testing.T) {
 // bodies over the limit 413.
 func TestLimits(t *testing.T) {
 	s, _ := testServer(t, "", func(c *Config) { c.MaxInflight, c.MaxInflightPerUser, c.MaxBodyBytes = 4, 2, 10 })
-	rel1, _ := s.requests.acquire("alice")
-	rel2, _ := s.requests.acquire("alice")
+	rel1, _ := s.requests.Acquire("alice")
+	rel2, _ := s.requests.Acquire("alice")
 	code, body, h := do(s, tokAlice, "/api/v1/namespaces/ns1/pods")
 	if c, reason, _ := statusOf(t, body); code != 429 || c != 429 || reason != "TooManyRequests" || h.Get("Retry-After") != "1" {
 		t.Fatalf("alice over her share: %d %s (Retry-After %q)", code, body, h.Get("Retry-After"))
@@ -77,7 +77,7 @@ func TestLimits(t *testing.T) {
 	rel1()
 	rel2()
 	rel2() // releasing twice is harmless
-	if n := s.requests.inUse(); n != 0 {
+	if n := s.requests.InUse(); n != 0 {
 		t.Fatalf("slots in use after release: %d", n)
 	}
 	req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", strings.NewReader(strings.Repeat("x", 11)))
@@ -86,27 +86,5 @@ func TestLimits(t *testing.T) {
 	s.ServeHTTP(rec, req)
 	if c, reason, _ := statusOf(t, rec.Body.Bytes()); rec.Code != 413 || c != 413 || reason != "RequestEntityTooLarge" {
 		t.Fatalf("large body: %d %s", rec.Code, rec.Body)
-	}
-}
-
-func TestLimiterFairShare(t *testing.T) {
-	l := newLimiter(8, 8)
-	for i := range 6 {
-		if _, r := l.acquire("hog"); r != "" {
-			t.Fatalf("hog slot %d refused: %s", i, r)
-		}
-	}
-	// 6 of 8 taken: contended; the hog holds more than a fair share.
-	if _, r := l.acquire("hog"); r != limitFair {
-		t.Fatalf("hog beyond its fair share: %q, want %q", r, limitFair)
-	}
-	if _, r := l.acquire("newcomer"); r != "" {
-		t.Fatalf("newcomer refused: %s", r)
-	}
-	if _, r := l.acquire("other"); r != "" {
-		t.Fatalf("other refused: %s", r)
-	}
-	if _, r := l.acquire("third"); r != limitTotal {
-		t.Fatalf("full pool: %q, want %q", r, limitTotal)
 	}
 }

@@ -150,7 +150,7 @@ func TestClientCAFailsClosed(t *testing.T) {
 	accepted := func() bool {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}}
-		_, err := s.authn.authenticate(req)
+		_, err := s.authn.Authenticate(req)
 		return err == nil
 	}
 	if !accepted() {
@@ -196,7 +196,7 @@ func TestSAKeysFailClosed(t *testing.T) {
 	accepted := func(tok string) bool {
 		req, _ := http.NewRequest(http.MethodGet, "/api", nil)
 		req.Header.Set("Authorization", "Bearer "+tok)
-		_, err := s.authn.authenticate(req)
+		_, err := s.authn.Authenticate(req)
 		return err == nil
 	}
 	if !accepted(tokOne) || !accepted(tokTwo) {

@@ -29,6 +29,8 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/version"
+
+	"herald.dev/services/frontdoor/internal/discovery"
 )
 
 // fakeKube is a stand-in kube-apiserver: TokenReview, SubjectAccessReview
@@ -767,18 +769,6 @@ func TestStandaloneVersion(t *testing.T) {
 	}
 }
 
-func TestKubernetesVersion(t *testing.T) {
-	for in, want := range map[string]string{
-		"v0.37.2": "v1.37.2-herald", "v0.38.0-alpha.1": "v1.38.0-herald", "v0.0.0-20260101000000-abcdef012345": "",
-		"v1.2.3": "", "": "", "v0.x.1": "",
-	} {
-		v, ok := kubernetesVersion(in)
-		if ok != (want != "") || v.GitVersion != want || (ok && !strings.HasPrefix(want, "v1."+v.Minor+".")) {
-			t.Errorf("kubernetesVersion(%q) = %+v, %v; want %q", in, v, ok, want)
-		}
-	}
-}
-
 // TestDeprecationWarning: a deprecated API version's reads carry
 // kube-apiserver's Warning, judged at the cluster's version (v1.37 here:
 // v1 Endpoints is deprecated since v1.33) or, standalone, at the version
@@ -789,7 +779,7 @@ func TestDeprecationWarning(t *testing.T) {
 	cluster := clusterServer(t, k.srv.URL, k.caPEM(), nil)
 	standalone, _ := testServer(t, "http://127.0.0.1:1", nil)
 	older, _ := testServer(t, "http://127.0.0.1:1", nil)
-	older.deprecations = newDeprecations(version.Info{Major: "1", Minor: "32"})
+	older.deprecations = discovery.NewDeprecations(version.Info{Major: "1", Minor: "32"})
 	const want = `299 - "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"`
 	for _, tc := range []struct {
 		name string

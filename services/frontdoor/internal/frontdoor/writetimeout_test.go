@@ -89,7 +89,7 @@ func TestWriteTimeout(t *testing.T) {
 		// A slot is released before its cut is counted: wait for both.
 		want := float64(clients * (i + 1))
 		for {
-			inUse, cut := s.requests.inUse(), testutil.ToFloat64(s.m.writeTimeouts)
+			inUse, cut := s.requests.InUse(), testutil.ToFloat64(s.m.writeTimeouts)
 			now := time.Now()
 			due := 0
 			for _, at := range sent {

@@ -1,4 +1,24 @@
-package frontdoor
+// Package upstream is cluster mode's way to kube-apiserver (the upstream):
+// the pass-through, every request frontdoor does not serve from
+// the cache is reverse-proxied to the upstream, streaming both ways, as the
+// caller. The invariants:
+//
+//   - the upstream only ever sees Herald's own credentials (from the
+//     upstream kubeconfig) plus Impersonate-* headers naming the user that
+//     frontdoor authenticated (or the user whose impersonation the cluster
+//     authorized for the caller, frontdoor's delegated.go). Whatever credential or
+//     Impersonate-*/X-Remote-* header the client sent is removed first, so
+//     no client header can make Herald act as itself;
+//   - bodies over max-request-body-bytes (kube-apiserver's 3 MiB) are
+//     refused with 413 before anything is forwarded (frontdoor's body limit);
+//   - an upstream that cannot be reached, or fails before its answer
+//     starts, gives kube-apiserver's 503 Status (504 on a timeout) within the
+//     dial timeout, never a hang; once the answer started, a failure ends the
+//     client's stream (the client retries or resumes as with kube-apiserver);
+//   - upgrades (exec, attach, portforward, proxy: SPDY and WebSocket) go over
+//     HTTP/1.1 to the upstream, whose answer (101, or a refusal) reaches the
+//     client as is.
+package upstream
 
 import (
 	"context"
@@ -19,37 +39,18 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	auditinternal "k8s.io/apiserver/pkg/apis/audit"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/service"
+	"herald.dev/services/frontdoor/internal/apierr"
 )
 
-// Cluster mode: frontdoor in front of a real kube-apiserver (the upstream).
-// This file is the pass-through: every request frontdoor does not serve from
-// the cache is reverse-proxied to the upstream, streaming both ways, as the
-// caller. The invariants:
-//
-//   - the upstream only ever sees Herald's own credentials (from the
-//     upstream kubeconfig) plus Impersonate-* headers naming the user that
-//     frontdoor authenticated (or the user whose impersonation the cluster
-//     authorized for the caller, delegated.go). Whatever credential or
-//     Impersonate-*/X-Remote-* header the client sent is removed first, so
-//     no client header can make Herald act as itself;
-//   - bodies over max-request-body-bytes (kube-apiserver's 3 MiB) are
-//     refused with 413 before anything is forwarded (ServeHTTP's limit);
-//   - an upstream that cannot be reached, or fails before its answer
-//     starts, gives kube-apiserver's 503 Status (504 on a timeout) within the
-//     dial timeout, never a hang; once the answer started, a failure ends the
-//     client's stream (the client retries or resumes as with kube-apiserver);
-//   - upgrades (exec, attach, portforward, proxy: SPDY and WebSocket) go over
-//     HTTP/1.1 to the upstream, whose answer (101, or a refusal) reaches the
-//     client as is.
-
-// UpstreamConfig configures cluster mode; without a kubeconfig frontdoor
+// Config configures cluster mode; without a kubeconfig frontdoor
 // serves alone (static tokens, certificates, local RBAC).
-type UpstreamConfig struct {
+type Config struct {
 	Kubeconfig string
 	// Servers overrides the kubeconfig's server with several addresses
 	// (https://host:port), balanced and health-checked.
@@ -63,7 +64,7 @@ type UpstreamConfig struct {
 	AuthzAllowCacheTTL    time.Duration
 	AuthzDenyCacheTTL     time.Duration
 	// AuthzCacheBytes bounds the SubjectAccessReview cache, and
-	// AuthzCacheBytesPerUser each user's share of it (authzcache.go).
+	// AuthzCacheBytesPerUser each user's share of it (internal/authz).
 	AuthzCacheBytes        int64
 	AuthzCacheBytesPerUser int64
 	ReviewTimeout          time.Duration
@@ -71,7 +72,7 @@ type UpstreamConfig struct {
 	// lifetime (longrunning.go).
 	LongRunningTimeout time.Duration
 
-	// Review limits (reviews.go).
+	// Review limits (reviews.go; the new-token pool: internal/authn).
 	ReviewQPS                   float64
 	ReviewBurst                 int
 	MaxReviewsInflight          int
@@ -83,7 +84,7 @@ type UpstreamConfig struct {
 // RegisterFlags registers the upstream flags on fs. The cache TTLs default
 // to kube-apiserver's for its own token cache (10 s positive) and to the
 // delegating authorizer's of aggregated API servers (10 s either way).
-func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "upstream.kubeconfig", "", "Cluster mode: kubeconfig of the kube-apiserver that writes, subresources, discovery and everything not cached go to (as the caller, by impersonation), and that authenticates (TokenReview) and authorizes (SubjectAccessReview) callers. Its credentials are Herald's own.")
 	fs.StringVar(&c.Servers, "upstream.servers", "", "Comma-separated kube-apiserver URLs used instead of the kubeconfig's server, balanced and health-checked (/readyz); TLS settings and credentials still come from the kubeconfig.")
 	fs.DurationVar(&c.DialTimeout, "upstream.dial-timeout", 3*time.Second, "Timeout to connect to the upstream; beyond it the client gets 503.")
@@ -105,11 +106,11 @@ func (c *UpstreamConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxNewTokenReviewsPerSource, "upstream.max-new-token-reviews-inflight-per-source", 250, "Of upstream.max-new-token-reviews-inflight, how many one client address may hold; more get 429.")
 }
 
-func (c *UpstreamConfig) enabled() bool { return c.Kubeconfig != "" }
+func (c *Config) Enabled() bool { return c.Kubeconfig != "" }
 
 // Validate reports configuration errors of cluster mode.
-func (c *UpstreamConfig) Validate() error {
-	if !c.enabled() {
+func (c *Config) Validate() error {
+	if !c.Enabled() {
 		if c.Servers != "" {
 			return errors.New("upstream.servers needs upstream.kubeconfig")
 		}
@@ -134,8 +135,8 @@ func (c *UpstreamConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// restConfig loads Herald's own client configuration for the upstream.
-func (c *UpstreamConfig) restConfig() (*rest.Config, error) {
+// RestConfig loads Herald's own client configuration for the upstream.
+func (c *Config) RestConfig() (*rest.Config, error) {
 	if _, err := os.Stat(c.Kubeconfig); err != nil {
 		return nil, fmt.Errorf("upstream.kubeconfig: %w", err)
 	}
@@ -164,8 +165,8 @@ type upstreamServer struct {
 
 func (s *upstreamServer) markDown() { s.downSince.Store(time.Now().UnixNano()) }
 
-// upstream forwards requests to the kube-apiserver(s).
-type upstream struct {
+// Proxy forwards requests to the kube-apiserver(s).
+type Proxy struct {
 	log     *slog.Logger
 	servers []*upstreamServer
 	next    atomic.Uint64
@@ -184,13 +185,15 @@ type forwardKey struct{}
 
 // forward is one request on its way upstream.
 type forward struct {
-	user    *User
+	user    user.Info
 	server  *upstreamServer
 	auditID string // frontdoor's answer carries it (withAuditID)
 }
 
-func newUpstream(c UpstreamConfig, cfg *rest.Config, log *slog.Logger) (*upstream, error) {
-	u := &upstream{log: log, responseTimeout: c.ResponseTimeout}
+// New returns the proxy to c's servers, with Herald's own client
+// configuration cfg.
+func New(c Config, cfg *rest.Config, log *slog.Logger) (*Proxy, error) {
+	u := &Proxy{log: log, responseTimeout: c.ResponseTimeout}
 	addrs := service.SplitList(c.Servers)
 	if len(addrs) == 0 {
 		addrs = []string{cfg.Host}
@@ -243,7 +246,7 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 // roundTrip sends r on the transport its kind needs and gives the upstream
 // responseTimeout to start answering; once it has, the answer streams for
 // as long as the client's request lasts (its context ends this one's).
-func (u *upstream) roundTrip(r *http.Request) (*http.Response, error) {
+func (u *Proxy) roundTrip(r *http.Request) (*http.Response, error) {
 	rt := u.rt
 	if httpstream.IsUpgradeRequest(r) {
 		rt = u.upgradeRT
@@ -270,7 +273,7 @@ func (u *upstream) roundTrip(r *http.Request) (*http.Response, error) {
 
 // rewrite aims the outgoing request at the chosen server and replaces every
 // identity header with the caller's impersonation.
-func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
+func (u *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	fw := pr.In.Context().Value(forwardKey{}).(*forward)
 	pr.SetURL(fw.server.url)
 	pr.SetXForwarded()
@@ -287,16 +290,16 @@ func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
 // sent and names u by impersonation; Herald's own credentials are added by
 // the transport (which only adds them when no Authorization is present:
 // removing the client's is what keeps its token from reaching the upstream).
-func setImpersonation(h http.Header, u *User) {
-	dropIdentity(h)
-	h.Set(authenticationv1.ImpersonateUserHeader, u.Name)
-	if u.UID != "" {
-		h.Set(authenticationv1.ImpersonateUIDHeader, u.UID)
+func setImpersonation(h http.Header, u user.Info) {
+	DropIdentity(h)
+	h.Set(authenticationv1.ImpersonateUserHeader, u.GetName())
+	if u.GetUID() != "" {
+		h.Set(authenticationv1.ImpersonateUIDHeader, u.GetUID())
 	}
-	for _, g := range u.Groups {
+	for _, g := range u.GetGroups() {
 		h.Add(authenticationv1.ImpersonateGroupHeader, g)
 	}
-	for k, vs := range u.Extra {
+	for k, vs := range u.GetExtra() {
 		hk := extraHeaderName(k) // identity.go
 		for _, v := range vs {
 			h.Add(hk, v)
@@ -304,10 +307,10 @@ func setImpersonation(h http.Header, u *User) {
 	}
 }
 
-// dropIdentity removes every credential and identity header a client may
+// DropIdentity removes every credential and identity header a client may
 // send (Authorization, Cookie, Impersonate-*, X-Remote-*) before a request
 // leaves frontdoor, upstream or to fanout.
-func dropIdentity(h http.Header) {
+func DropIdentity(h http.Header) {
 	for k := range h {
 		lk := strings.ToLower(k)
 		if strings.HasPrefix(lk, "impersonate-") || strings.HasPrefix(lk, "x-remote-") {
@@ -319,7 +322,7 @@ func dropIdentity(h http.Header) {
 }
 
 // fail answers a request the upstream did not answer.
-func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
+func (u *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client left
 	}
@@ -331,14 +334,14 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var nerr net.Error
 	switch {
 	case errors.As(err, &tooLarge):
-		kube.WriteStatus(w, errBodyTooLarge(tooLarge.Limit))
+		kube.WriteStatus(w, apierr.BodyTooLarge(tooLarge.Limit))
 		return
 	case errors.Is(err, errUpstreamTimeout) || (errors.As(err, &nerr) && nerr.Timeout()):
 		u.log.Warn("upstream timed out", "server", fw.server.url.Host, "path", r.URL.Path, "err", err)
 		kube.WriteStatus(w, apierrors.NewTimeoutError("the upstream kube-apiserver did not answer in time", 1))
 	default:
 		u.log.Warn("upstream failed", "server", fw.server.url.Host, "path", r.URL.Path, "err", err)
-		kube.WriteStatus(w, errUnavailable("the upstream kube-apiserver is unavailable: "+errClass(err)))
+		kube.WriteStatus(w, apierr.Unavailable("the upstream kube-apiserver is unavailable: "+errClass(err)))
 	}
 	// Whether the server is gone or a pooled connection to it broke, avoid
 	// it until its /readyz answers again (with several servers).
@@ -365,7 +368,7 @@ func isConnectError(err error) bool {
 // pick returns the server for one request: the least busy of those that
 // are up, round-robin among equals; when all are down, the next in turn (it
 // may have come back).
-func (u *upstream) pick() *upstreamServer {
+func (u *Proxy) pick() *upstreamServer {
 	n := len(u.servers)
 	off := int(u.next.Add(1) % uint64(n))
 	var best *upstreamServer
@@ -384,9 +387,9 @@ func (u *upstream) pick() *upstreamServer {
 	return best
 }
 
-// serve forwards r as user.
-func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
-	if !user.forwardable() {
+// Serve forwards r as who.
+func (u *Proxy) Serve(w http.ResponseWriter, r *http.Request, who user.Info) {
+	if !forwardable(who) {
 		// The transport would refuse the request, which would look like
 		// the upstream's failure (and mark it down for everyone).
 		kube.WriteStatus(w, apierrors.NewInternalError(errIdentityNotForwardable))
@@ -398,17 +401,17 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, user *User) {
 	// The audit ID goes upstream with the request and comes back on the
 	// final answer (ModifyResponse, fail); until then it stays off w,
 	// whose headers the proxy writes, and then clears, with a 1xx.
-	fw := &forward{user: user, server: s, auditID: w.Header().Get(auditinternal.HeaderAuditID)}
+	fw := &forward{user: who, server: s, auditID: w.Header().Get(auditinternal.HeaderAuditID)}
 	w.Header().Del(auditinternal.HeaderAuditID)
 	// kube-apiserver's answer carries its own.
 	w.Header().Del("Cache-Control")
 	u.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardKey{}, fw)))
 }
 
-// healthCheck marks servers up or down by their /readyz until ctx ends;
+// HealthCheck marks servers up or down by their /readyz until ctx ends;
 // with one server there is nothing to choose, and its errors reach clients
 // as 503 anyway.
-func (u *upstream) healthCheck(ctx context.Context, every time.Duration) {
+func (u *Proxy) HealthCheck(ctx context.Context, every time.Duration) {
 	if len(u.servers) < 2 {
 		return
 	}
@@ -433,3 +436,18 @@ func (u *upstream) healthCheck(ctx context.Context, every time.Duration) {
 		}
 	})
 }
+
+// ServersDown is how many servers are avoided now (marked down until their
+// /readyz answers).
+func (u *Proxy) ServersDown() int {
+	n := 0
+	for _, s := range u.servers {
+		if s.downSince.Load() != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// cacheControl is kube-apiserver's Cache-Control of every answer.
+const cacheControl = "no-cache, private"

@@ -1,4 +1,4 @@
-package frontdoor
+package authz
 
 import (
 	"bytes"
@@ -14,9 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/apiserver/pkg/authentication/user"
 )
 
-// policy is an RBAC policy loaded from Kubernetes manifests, evaluated as
+// Policy is an RBAC policy loaded from Kubernetes manifests, evaluated as
 // kube-apiserver's RBAC authorizer does for the requests Herald serves:
 //
 //   - deny by default; there are no deny rules;
@@ -39,21 +41,21 @@ import (
 //     their selectors match.
 //
 // A policy is immutable once loaded; reloads swap the whole policy.
-type policy struct {
+type Policy struct {
 	clusterRoles    map[string][]rbacv1.PolicyRule
 	roles           map[string][]rbacv1.PolicyRule // "namespace/name"
 	clusterBindings []rbacv1.ClusterRoleBinding
 	bindings        map[string][]rbacv1.RoleBinding // by namespace
 }
 
-// authorize reports whether a is allowed.
-func (p *policy) authorize(a attributes) bool {
-	if a.user.inGroup(groupMasters) {
+// Authorize reports whether a is allowed.
+func (p *Policy) Authorize(a Attributes) bool {
+	if Superuser(a) {
 		return true
 	}
 	for i := range p.clusterBindings {
 		b := &p.clusterBindings[i]
-		if b.RoleRef.Kind == "ClusterRole" && appliesTo(a.user, b.Subjects, "") && rulesAllow(p.clusterRoles[b.RoleRef.Name], a) {
+		if b.RoleRef.Kind == "ClusterRole" && appliesTo(a.User, b.Subjects, "") && rulesAllow(p.clusterRoles[b.RoleRef.Name], a) {
 			return true
 		}
 	}
@@ -62,7 +64,7 @@ func (p *policy) authorize(a attributes) bool {
 	}
 	for i := range p.bindings[a.Namespace] {
 		b := &p.bindings[a.Namespace][i]
-		if !appliesTo(a.user, b.Subjects, b.Namespace) {
+		if !appliesTo(a.User, b.Subjects, b.Namespace) {
 			continue
 		}
 		var rules []rbacv1.PolicyRule
@@ -81,15 +83,15 @@ func (p *policy) authorize(a attributes) bool {
 
 // appliesTo reports whether one of the subjects is the user. A
 // ServiceAccount subject without a namespace means the binding's.
-func appliesTo(u *User, subjects []rbacv1.Subject, bindingNS string) bool {
+func appliesTo(u user.Info, subjects []rbacv1.Subject, bindingNS string) bool {
 	for _, s := range subjects {
 		switch s.Kind {
 		case rbacv1.UserKind:
-			if s.Name == u.Name {
+			if s.Name == u.GetName() {
 				return true
 			}
 		case rbacv1.GroupKind:
-			if u.inGroup(s.Name) {
+			if slices.Contains(u.GetGroups(), s.Name) {
 				return true
 			}
 		case rbacv1.ServiceAccountKind:
@@ -97,7 +99,7 @@ func appliesTo(u *User, subjects []rbacv1.Subject, bindingNS string) bool {
 			if s.Namespace != "" {
 				ns = s.Namespace
 			}
-			if ns != "" && u.Name == saUserPrefix+ns+":"+s.Name {
+			if ns != "" && u.GetName() == serviceaccount.ServiceAccountUsernamePrefix+ns+":"+s.Name {
 				return true
 			}
 		}
@@ -105,7 +107,7 @@ func appliesTo(u *User, subjects []rbacv1.Subject, bindingNS string) bool {
 	return false
 }
 
-func rulesAllow(rules []rbacv1.PolicyRule, a attributes) bool {
+func rulesAllow(rules []rbacv1.PolicyRule, a Attributes) bool {
 	for i := range rules {
 		if ruleAllows(&rules[i], a) {
 			return true
@@ -117,7 +119,7 @@ func rulesAllow(rules []rbacv1.PolicyRule, a attributes) bool {
 // ruleAllows matches a rule as kube-apiserver's RBAC authorizer does
 // (its RuleAllows: verbs, API groups, resources with subresources,
 // resourceNames; non-resource URLs with a trailing "*").
-func ruleAllows(r *rbacv1.PolicyRule, a attributes) bool {
+func ruleAllows(r *rbacv1.PolicyRule, a Attributes) bool {
 	if !hasOrStar(r.Verbs, a.Verb) {
 		return false
 	}
@@ -159,11 +161,11 @@ func hasOrStar(list []string, v string) bool {
 	return false
 }
 
-// loadPolicy reads every manifest file; a file may hold several YAML
+// LoadPolicy reads every manifest file; a file may hold several YAML
 // documents, JSON, and v1 Lists of RBAC objects. Any other kind is an error:
-// a policy that silently dropped a binding would be worse than none.
-func loadPolicy(paths []string) (*policy, error) {
-	p := emptyPolicy()
+// a Policy that silently dropped a binding would be worse than none.
+func LoadPolicy(paths []string) (*Policy, error) {
+	p := EmptyPolicy()
 	var aggregated []rbacv1.ClusterRole
 	var labelsOf = map[string]map[string]string{}
 	for _, path := range paths {
@@ -206,7 +208,7 @@ func loadPolicy(paths []string) (*policy, error) {
 	return p, nil
 }
 
-func (p *policy) add(raw json.RawMessage, aggregated *[]rbacv1.ClusterRole, labelsOf map[string]map[string]string) error {
+func (p *Policy) add(raw json.RawMessage, aggregated *[]rbacv1.ClusterRole, labelsOf map[string]map[string]string) error {
 	var tm metav1.TypeMeta
 	if err := json.Unmarshal(raw, &tm); err != nil {
 		return err
@@ -279,11 +281,11 @@ func (p *policy) add(raw json.RawMessage, aggregated *[]rbacv1.ClusterRole, labe
 	return nil
 }
 
-// forbiddenReason words a denial as kube-apiserver's (responsewriters'
+// ForbiddenReason words a denial as kube-apiserver's (responsewriters'
 // forbiddenMessage).
-func forbiddenReason(a attributes) string {
+func ForbiddenReason(a Attributes) string {
 	if !a.ResourceRequest {
-		return fmt.Sprintf("User %q cannot %s path %q", a.user.Name, a.Verb, a.Path)
+		return fmt.Sprintf("User %q cannot %s path %q", a.User.GetName(), a.Verb, a.Path)
 	}
 	resource := a.Resource
 	if a.Subresource != "" {
@@ -293,11 +295,17 @@ func forbiddenReason(a attributes) string {
 	if a.Namespace != "" {
 		scope = fmt.Sprintf("in the namespace %q", a.Namespace)
 	}
-	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.user.Name, a.Verb, resource, a.APIGroup, scope)
+	return fmt.Sprintf("User %q cannot %s resource %q in API group %q %s", a.User.GetName(), a.Verb, resource, a.APIGroup, scope)
 }
 
-// emptyPolicy grants nothing (system:masters is still allowed everything):
+// EmptyPolicy grants nothing (system:masters is still allowed everything):
 // the policy of an RBAC directory that does not load.
-func emptyPolicy() *policy {
-	return &policy{clusterRoles: map[string][]rbacv1.PolicyRule{}, roles: map[string][]rbacv1.PolicyRule{}, bindings: map[string][]rbacv1.RoleBinding{}}
+func EmptyPolicy() *Policy {
+	return &Policy{clusterRoles: map[string][]rbacv1.PolicyRule{}, roles: map[string][]rbacv1.PolicyRule{}, bindings: map[string][]rbacv1.RoleBinding{}}
+}
+
+// Superuser reports whether a's user is in system:masters, which is allowed
+// everything (kube-apiserver's superuser group).
+func Superuser(a Attributes) bool {
+	return a.User != nil && slices.Contains(a.User.GetGroups(), user.SystemPrivilegedGroup)
 }

@@ -1,4 +1,4 @@
-package frontdoor
+package authz
 
 import (
 	"container/list"
@@ -17,9 +17,11 @@ import (
 	"k8s.io/apiserver/plugin/pkg/authorizer/webhook"
 	webhookmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"herald.dev/services/frontdoor/internal/upstream"
 )
 
-// reviewAuthorizer is cluster mode's authorizer: a SubjectAccessReview per
+// ReviewAuthorizer is cluster mode's authorizer: a SubjectAccessReview per
 // request, sent by k8s.io/apiserver's webhook authorizer (what the
 // delegating authorizer of aggregated API servers uses), its decisions
 // cached here, by a hash of the review, in a cache bounded in bytes
@@ -31,7 +33,7 @@ import (
 // requests with 512 KiB selectors kept 33 MiB). It cannot be turned off, so
 // each uncached review is asked of a webhook authorizer of its own, whose
 // cache goes with it.
-type reviewAuthorizer struct {
+type ReviewAuthorizer struct {
 	client            authorizationclient.AuthorizationV1Interface
 	backoff           wait.Backoff
 	allowTTL, denyTTL time.Duration
@@ -40,8 +42,10 @@ type reviewAuthorizer struct {
 	compiler          authorizationcel.Compiler
 }
 
-func newReviewAuthorizer(client authorizationclient.AuthorizationV1Interface, c UpstreamConfig, backoff wait.Backoff) *reviewAuthorizer {
-	return &reviewAuthorizer{
+// NewReviewAuthorizer sends its reviews with client, caches them as c
+// says, and retries a failed review with backoff.
+func NewReviewAuthorizer(client authorizationclient.AuthorizationV1Interface, c upstream.Config, backoff wait.Backoff) *ReviewAuthorizer {
+	return &ReviewAuthorizer{
 		client: client, backoff: backoff, allowTTL: c.AuthzAllowCacheTTL, denyTTL: c.AuthzDenyCacheTTL,
 		cache:    newReviewCache(c.AuthzCacheBytes, c.AuthzCacheBytesPerUser),
 		metrics:  authorizerfactory.NewDelegatingAuthorizerMetrics(),
@@ -49,12 +53,12 @@ func newReviewAuthorizer(client authorizationclient.AuthorizationV1Interface, c 
 	}
 }
 
-var _ authorizer.Authorizer = (*reviewAuthorizer)(nil)
+var _ authorizer.Authorizer = (*ReviewAuthorizer)(nil)
 
 // Authorize answers from the cache, or asks the cluster and caches its
 // decision (allowed for allowTTL, anything else for denyTTL; a failed
 // review is not cached).
-func (a *reviewAuthorizer) Authorize(ctx context.Context, attr authorizer.Attributes) (authorizer.Decision, string, error) {
+func (a *ReviewAuthorizer) Authorize(ctx context.Context, attr authorizer.Attributes) (authorizer.Decision, string, error) {
 	key := reviewKey(attr)
 	if d, reason, ok := a.cache.get(key); ok {
 		return d, reason, nil
@@ -81,12 +85,12 @@ func (a *reviewAuthorizer) Authorize(ctx context.Context, attr authorizer.Attrib
 
 // ConditionsAwareAuthorize: not conditions-aware (as the webhook
 // authorizer).
-func (a *reviewAuthorizer) ConditionsAwareAuthorize(ctx context.Context, attr authorizer.Attributes) authorizer.ConditionsAwareDecision {
+func (a *ReviewAuthorizer) ConditionsAwareAuthorize(ctx context.Context, attr authorizer.Attributes) authorizer.ConditionsAwareDecision {
 	return authorizer.ConditionsAwareDecisionFromParts(a.Authorize(ctx, attr))
 }
 
 // EvaluateConditions is not supported (as by the webhook authorizer).
-func (*reviewAuthorizer) EvaluateConditions(context.Context, authorizer.ConditionsAwareDecision, authorizer.ConditionsData) (authorizer.Decision, string, error) {
+func (*ReviewAuthorizer) EvaluateConditions(context.Context, authorizer.ConditionsAwareDecision, authorizer.ConditionsData) (authorizer.Decision, string, error) {
 	return authorizer.DecisionDeny, "", authorizer.ErrorConditionEvaluationNotSupported
 }
 

@@ -1,10 +1,11 @@
-package frontdoor
+package upstream
 
 import (
 	"errors"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
 )
 
 // How a user's identity travels upstream in Impersonate-* headers
@@ -55,7 +56,7 @@ var errIdentityNotForwardable = errors.New("the user's identity holds characters
 
 // forwardable reports whether u fits in header values: no control byte
 // but horizontal tab (what the transport accepts).
-func (u *User) forwardable() bool {
+func forwardable(u user.Info) bool {
 	ok := func(s string) bool {
 		for i := 0; i < len(s); i++ {
 			if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
@@ -64,15 +65,15 @@ func (u *User) forwardable() bool {
 		}
 		return true
 	}
-	if !ok(u.Name) || !ok(u.UID) {
+	if !ok(u.GetName()) || !ok(u.GetUID()) {
 		return false
 	}
-	for _, g := range u.Groups {
+	for _, g := range u.GetGroups() {
 		if !ok(g) {
 			return false
 		}
 	}
-	for _, vs := range u.Extra {
+	for _, vs := range u.GetExtra() {
 		for _, v := range vs {
 			if !ok(v) {
 				return false

@@ -1,4 +1,7 @@
-package frontdoor
+// Package discovery is what the frontdoor says about the API it serves:
+// the discovery documents of the registry's resources and /version
+// (Docs), and the Warning of a deprecated API version (Deprecations).
+package discovery
 
 import (
 	"encoding/json"
@@ -17,10 +20,10 @@ import (
 	"herald.dev/libs/kube"
 )
 
-// discovery serves the pre-encoded discovery documents of the registry's
+// Docs serves the pre-encoded discovery documents of the registry's
 // resources. They are encoded again when the registry's custom resources
 // change (its generation), on the first request after the change.
-type discovery struct {
+type Docs struct {
 	reg  *kube.Registry
 	mu   sync.Mutex // serializes rebuilds
 	docs atomic.Pointer[discoveryDocs]
@@ -32,14 +35,15 @@ type discoveryDocs struct {
 	docs map[string][]byte // path -> JSON
 }
 
-func newDiscovery(reg *kube.Registry) *discovery {
-	d := &discovery{reg: reg}
+// New encodes the discovery documents of reg's resources.
+func New(reg *kube.Registry) *Docs {
+	d := &Docs{reg: reg}
 	d.docs.Store(buildDiscovery(reg))
 	return d
 }
 
 // current returns the documents of the registry's current generation.
-func (d *discovery) current() map[string][]byte {
+func (d *Docs) current() map[string][]byte {
 	gen := d.reg.Generation()
 	if cur := d.docs.Load(); cur.gen == gen {
 		return cur.docs
@@ -110,16 +114,16 @@ func buildDiscovery(reg *kube.Registry) *discoveryDocs {
 		}
 		put(path, metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"}, GroupVersion: gv, APIResources: res})
 	}
-	v := standaloneVersion
+	v := StandaloneVersion
 	v.Platform, v.GoVersion, v.Compiler = runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(), runtime.Compiler
 	put("/version", v)
 	return d
 }
 
-// standaloneVersion is the version frontdoor reports without an upstream:
+// StandaloneVersion is the version frontdoor reports without an upstream:
 // that of the Kubernetes API it serves, the k8s.io/api module it is built
 // with (v0.X.Y for Kubernetes v1.X.Y), marked as Herald's.
-var standaloneVersion = servedAPIVersion()
+var StandaloneVersion = servedAPIVersion()
 
 func servedAPIVersion() version.Info {
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -152,8 +156,8 @@ func kubernetesVersion(module string) (version.Info, bool) {
 	return version.Info{Major: "1", Minor: minor, GitVersion: "v1." + minor + "." + patch + "-herald"}, true
 }
 
-// serve answers a discovery path; false when path is not one.
-func (d *discovery) serve(w http.ResponseWriter, path string) bool {
+// Serve answers a discovery path; false when path is not one.
+func (d *Docs) Serve(w http.ResponseWriter, path string) bool {
 	b, ok := d.current()[strings.TrimRight(path, "/")]
 	if !ok {
 		return false
@@ -163,8 +167,8 @@ func (d *discovery) serve(w http.ResponseWriter, path string) bool {
 	return true
 }
 
-// has reports whether path is a discovery document.
-func (d *discovery) has(path string) bool {
+// Has reports whether path is a discovery document.
+func (d *Docs) Has(path string) bool {
 	_, ok := d.current()[strings.TrimRight(path, "/")]
 	return ok
 }

@@ -1,4 +1,4 @@
-package frontdoor
+package audit
 
 import (
 	"bufio"
@@ -73,7 +73,7 @@ func (g *gateSink) close() error { return nil }
 func TestAuditLogNeverBlocksRequests(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sink := &gateSink{gate: make(chan struct{})}
-	l := &auditLog{queue: make(chan []byte, 4), stop: make(chan struct{}), done: make(chan struct{}), log: slog.New(slog.DiscardHandler), out: sink,
+	l := &Log{queue: make(chan []byte, 4), stop: make(chan struct{}), done: make(chan struct{}), log: slog.New(slog.DiscardHandler), out: sink,
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "d"}), failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "f"})}
 	reg.MustRegister(l.dropped)
 	go l.run()
@@ -85,8 +85,8 @@ func TestAuditLogNeverBlocksRequests(t *testing.T) {
 		t.Errorf("100 events took %v with a stalled writer", d)
 	}
 	close(sink.gate)
-	l.close()
-	l.close() // twice: no effect
+	l.Close()
+	l.Close() // twice: no effect
 	mfs, _ := reg.Gather()
 	dropped := mfs[0].GetMetric()[0].GetCounter().GetValue()
 	if int(dropped)+len(sink.written) != 100 || dropped < 90 {

@@ -1,4 +1,4 @@
-package frontdoor
+package discovery
 
 import (
 	"sync"
@@ -12,25 +12,26 @@ import (
 	"herald.dev/libs/kube"
 )
 
-// deprecations is the Warning header kube-apiserver adds to every request
+// Deprecations is the Warning header kube-apiserver adds to every request
 // its handlers serve for a deprecated API version ("v1 Endpoints is
 // deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"), judged,
 // as there, by k8s.io/apiserver's deprecation package at the server's
 // version: the cluster's kube-apiserver's in cluster mode, the one
 // frontdoor's /version reports standalone. A custom resource's comes from
 // its CRD (kube.Resource.Warning), as apiextensions-apiserver's does.
-type deprecations struct {
+type Deprecations struct {
 	major, minor int // 0, 0: a version that does not parse (every deprecation applies, as in kube-apiserver)
 	headers      sync.Map
 }
 
-func newDeprecations(v version.Info) *deprecations {
+// NewDeprecations judges deprecations at version v.
+func NewDeprecations(v version.Info) *Deprecations {
 	major, minor, _ := deprecation.MajorMinor(v)
-	return &deprecations{major: major, minor: minor}
+	return &Deprecations{major: major, minor: minor}
 }
 
-// header returns the Warning header value for requests of r, "" if none.
-func (d *deprecations) header(r *kube.Resource) string {
+// Header returns the Warning header value for requests of r, "" if none.
+func (d *Deprecations) Header(r *kube.Resource) string {
 	if r.Custom() {
 		return r.Warning()
 	}
@@ -43,7 +44,7 @@ func (d *deprecations) header(r *kube.Resource) string {
 	return h
 }
 
-func (d *deprecations) compute(gvk schema.GroupVersionKind) string {
+func (d *Deprecations) compute(gvk schema.GroupVersionKind) string {
 	obj, err := clientscheme.Scheme.New(gvk)
 	if err != nil || !deprecation.IsDeprecated(obj, d.major, d.minor) {
 		return ""

@@ -1,9 +1,11 @@
-package frontdoor
+package authz
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 )
 
@@ -42,18 +44,18 @@ metadata: {name: viewers}
 roleRef: {kind: ClusterRole, name: view}
 subjects: [{kind: Group, name: viewers}]
 `))
-	p, err := loadPolicy([]string{f})
+	p, err := LoadPolicy([]string{f})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := &User{Name: "system:serviceaccount:ns1:builder", Groups: []string{"system:serviceaccounts"}}
-	viewer := &User{Name: "v", Groups: []string{"viewers"}}
-	master := &User{Name: "m", Groups: []string{"system:masters"}}
-	res := func(u *User, verb, group, resource, ns, name string) attributes {
-		return attributes{user: u, AttributesRecord: authorizer.AttributesRecord{Verb: verb, ResourceRequest: true, APIGroup: group, Resource: resource, Namespace: ns, Name: name}}
+	sa := &user.DefaultInfo{Name: "system:serviceaccount:ns1:builder", Groups: []string{"system:serviceaccounts"}}
+	viewer := &user.DefaultInfo{Name: "v", Groups: []string{"viewers"}}
+	master := &user.DefaultInfo{Name: "m", Groups: []string{"system:masters"}}
+	res := func(u user.Info, verb, group, resource, ns, name string) Attributes {
+		return Attributes{AttributesRecord: authorizer.AttributesRecord{User: u, Verb: verb, ResourceRequest: true, APIGroup: group, Resource: resource, Namespace: ns, Name: name}}
 	}
 	for _, tc := range []struct {
-		a    attributes
+		a    Attributes
 		want bool
 	}{
 		{res(sa, "get", "", "configmaps", "ns1", "settings"), true},
@@ -61,19 +63,19 @@ subjects: [{kind: Group, name: viewers}]
 		{res(sa, "get", "", "configmaps", "ns1", "other"), false},
 		{res(sa, "list", "", "configmaps", "ns1", ""), false}, // resourceNames never allow a collection
 		// A subresource is not its resource.
-		{attributes{user: viewer, AttributesRecord: authorizer.AttributesRecord{Verb: "list", ResourceRequest: true, APIGroup: "apps", Resource: "deployments", Subresource: "status"}}, false},
+		{Attributes{AttributesRecord: authorizer.AttributesRecord{User: viewer, Verb: "list", ResourceRequest: true, APIGroup: "apps", Resource: "deployments", Subresource: "status"}}, false},
 		{res(sa, "get", "", "configmaps", "ns2", "settings"), false},
 		{res(sa, "get", "", "configmaps", "", "settings"), false},
-		{res(&User{Name: "system:serviceaccount:ns2:builder"}, "get", "", "configmaps", "ns1", "settings"), false},
+		{res(&user.DefaultInfo{Name: "system:serviceaccount:ns2:builder"}, "get", "", "configmaps", "ns1", "settings"), false},
 		{res(viewer, "list", "apps", "deployments", "", ""), true}, // aggregated, cluster-wide
 		{res(viewer, "list", "apps", "deployments", "ns9", ""), true},
 		{res(viewer, "watch", "apps", "deployments", "", ""), false},
 		{res(viewer, "list", "", "deployments", "", ""), false}, // wrong group
 		{res(master, "watch", "", "secrets", "", ""), true},
-		{attributes{user: viewer, AttributesRecord: authorizer.AttributesRecord{Verb: "get", Path: "/metrics"}}, false},
-		{attributes{user: master, AttributesRecord: authorizer.AttributesRecord{Verb: "get", Path: "/debug/pprof/heap"}}, true},
+		{Attributes{AttributesRecord: authorizer.AttributesRecord{User: viewer, Verb: "get", Path: "/metrics"}}, false},
+		{Attributes{AttributesRecord: authorizer.AttributesRecord{User: master, Verb: "get", Path: "/debug/pprof/heap"}}, true},
 	} {
-		if got := p.authorize(tc.a); got != tc.want {
+		if got := p.Authorize(tc.a); got != tc.want {
 			t.Errorf("%+v: %v, want %v", tc.a, got, tc.want)
 		}
 	}
@@ -83,7 +85,7 @@ subjects: [{kind: Group, name: viewers}]
 		"apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: x}\nroleRef: {kind: Role, name: r}\n",
 		"apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: x}\nroleRef: {kind: Role, name: r}\n",
 	} {
-		if _, err := loadPolicy([]string{writeFile(t, filepath.Join(dir, "bad.yaml"), []byte(bad))}); err == nil {
+		if _, err := LoadPolicy([]string{writeFile(t, filepath.Join(dir, "bad.yaml"), []byte(bad))}); err == nil {
 			t.Errorf("accepted %q", bad)
 		}
 	}
@@ -109,4 +111,12 @@ func TestResourceMatches(t *testing.T) {
 			t.Errorf("%v on %s/%s: %v, want %v", tc.rules, tc.resource, tc.sub, got, tc.want)
 		}
 	}
+}
+
+func writeFile(t testing.TB, path string, b []byte) string {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

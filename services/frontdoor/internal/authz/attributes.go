@@ -1,22 +1,30 @@
-package frontdoor
+// Package authz authorizes the frontdoor's requests: with local RBAC
+// manifests (Policy) standalone, with the cluster's SubjectAccessReview
+// (ReviewAuthorizer, its decisions cached in a byte budget) in cluster mode,
+// of the attributes kube-apiserver would authorize.
+package authz
 
 import (
 	"fmt"
 	"net/http"
 	"net/url"
 
+	kuberequest "herald.dev/libs/kube/request"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/endpoints/filters"
 	"k8s.io/apiserver/pkg/endpoints/request"
 
-	kuberequest "herald.dev/libs/kube/request"
+	"herald.dev/services/frontdoor/internal/apierr"
+	"herald.dev/services/frontdoor/internal/reqinfo"
 )
 
-// attributes describe one request to authorize: exactly what
+// Attributes describe one request to authorize: exactly what
 // kube-apiserver's authorization filter hands its authorizers (Node, RBAC,
 // webhooks), built by the same code — k8s.io/apiserver's request-info
-// resolver (requestInfos) and filters.GetAuthorizerAttributes:
+// resolver (reqinfo.Infos) and filters.GetAuthorizerAttributes:
 //
 //   - the verb: get, list or watch for a read (watch for ?watch=true and
 //     /watch/ paths), the HTTP method in lower case for a non-resource path;
@@ -28,41 +36,39 @@ import (
 //     lets a kubelet list and watch, and RBAC's resourceNames match);
 //   - the field and label selectors of a list or watch, parsed.
 //
-// user is the caller (or whom it impersonates); AttributesRecord.User is
-// the same identity as k8s.io/apiserver's user.Info.
-type attributes struct {
-	user *User
+// AttributesRecord.User is the caller (or whom it impersonates).
+type Attributes struct {
 	authorizer.AttributesRecord
 }
 
-// requestAttributes builds r's attributes for u, as kube-apiserver's
+// RequestAttributes builds r's Attributes for u, as kube-apiserver's
 // handler chain does (WithRequestInfo, then WithAuthorization's
 // GetAuthorizerAttributes).
-func requestAttributes(r *http.Request, u *User) (attributes, error) {
-	info, err := requestInfos.NewRequestInfo(r)
+func RequestAttributes(r *http.Request, u user.Info) (Attributes, error) {
+	info, err := reqinfo.Infos.NewRequestInfo(r)
 	if err != nil {
-		return attributes{}, fmt.Errorf("failed to create RequestInfo: %w", err)
+		return Attributes{}, fmt.Errorf("failed to create RequestInfo: %w", err)
 	}
-	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u.info()), info)
+	ctx := request.WithRequestInfo(request.WithUser(r.Context(), u), info)
 	a, err := filters.GetAuthorizerAttributes(ctx)
 	if err != nil {
-		return attributes{}, err
+		return Attributes{}, err
 	}
 	rec, ok := a.(*authorizer.AttributesRecord)
 	if !ok {
-		return attributes{}, fmt.Errorf("authorization attributes of type %T", a)
+		return Attributes{}, fmt.Errorf("authorization Attributes of type %T", a)
 	}
-	return attributes{user: u, AttributesRecord: *rec}, nil
+	return Attributes{AttributesRecord: *rec}, nil
 }
 
-// checkSelectors validates a list's or watch's selectors before they reach
+// CheckSelectors validates a list's or watch's selectors before they reach
 // an authorizer: a review carries them (and a SubjectAccessReview's cache
 // would be keyed by them), so a selector that does not parse is refused
 // first, with the 400 kube-apiserver's handler gives it (the parsers' own
 // messages, field labels the resource does not have), and so are selectors
 // larger together than max bytes. kube-apiserver itself bounds them only by
 // its 1 MiB of request headers.
-func checkSelectors(info kuberequest.Info, q url.Values, max int) error {
+func CheckSelectors(info kuberequest.Info, q url.Values, max int) error {
 	if info.Verb != kuberequest.VerbList && info.Verb != kuberequest.VerbWatch {
 		return nil // a GET's options have no selectors
 	}
@@ -73,7 +79,7 @@ func checkSelectors(info kuberequest.Info, q url.Values, max int) error {
 		}
 	}
 	if n > max {
-		return badRequest(fmt.Sprintf("fieldSelector and labelSelector together are %d bytes, more than the %d this server accepts (max-selector-bytes)", n, max))
+		return apierr.BadRequest(fmt.Sprintf("fieldSelector and labelSelector together are %d bytes, more than the %d this server accepts (max-selector-bytes)", n, max))
 	}
 	if _, err := kuberequest.ParseSelector(info.Resource, info.Namespace, q.Get("labelSelector"), q.Get("fieldSelector")); err != nil {
 		return kuberequest.OptionError(err)
@@ -81,19 +87,19 @@ func checkSelectors(info kuberequest.Info, q url.Values, max int) error {
 	return nil
 }
 
-// servedAttributes are the attributes of a read frontdoor serves itself
+// ServedAttributes are the Attributes of a read frontdoor serves itself
 // (info, as the registry resolved the path): kube-apiserver's, which must
 // name the verb, group, resource and object that frontdoor serves, or the
 // decision would be about another request (a 500, as for a request info
 // kube-apiserver cannot build).
-func servedAttributes(r *http.Request, u *User, info kuberequest.Info) (attributes, error) {
-	a, err := requestAttributes(r, u)
+func ServedAttributes(r *http.Request, u user.Info, info kuberequest.Info) (Attributes, error) {
+	a, err := RequestAttributes(r, u)
 	if err != nil {
-		return attributes{}, apierrors.NewInternalError(err)
+		return Attributes{}, apierrors.NewInternalError(err)
 	}
 	if !a.ResourceRequest || a.Verb != string(info.Verb) || a.APIGroup != info.Resource.Group || a.Resource != info.Resource.Plural ||
 		(info.Name != "" && a.Name != info.Name) {
-		return attributes{}, apierrors.NewInternalError(fmt.Errorf("request info %s %s/%s %q differs from the request served, %s %s %q",
+		return Attributes{}, apierrors.NewInternalError(fmt.Errorf("request info %s %s/%s %q differs from the request served, %s %s %q",
 			a.Verb, a.APIGroup, a.Resource, a.Name, info.Verb, info.Resource.ID(), info.Name))
 	}
 	return a, nil

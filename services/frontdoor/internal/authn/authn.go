@@ -1,4 +1,4 @@
-package frontdoor
+package authn
 
 import (
 	"bytes"
@@ -27,13 +27,14 @@ import (
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	saJWT "k8s.io/apiserver/pkg/authentication/token/jwt"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"herald.dev/services/frontdoor/internal/trust"
 )
 
 // Well-known users and groups, as kube-apiserver names them.
 const (
 	groupAuthenticated   = "system:authenticated"
 	groupUnauthenticated = "system:unauthenticated"
-	groupMasters         = "system:masters"
 	userAnonymous        = "system:anonymous"
 	saUserPrefix         = "system:serviceaccount:"
 	saGroup              = "system:serviceaccounts"
@@ -59,7 +60,12 @@ type User struct {
 
 func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
 
-// authenticator resolves a request's credentials into a User, as
+// Info is u as k8s.io/apiserver's user.Info.
+func (u *User) Info() user.Info {
+	return &user.DefaultInfo{Name: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra}
+}
+
+// Authenticator resolves a request's credentials into a User, as
 // kube-apiserver's union of authenticators does:
 //
 //   - the first authenticator that accepts the request's credentials wins;
@@ -71,43 +77,43 @@ func (u *User) inGroup(g string) bool { return slices.Contains(u.Groups, g) }
 //
 // Every authenticated user is also in system:authenticated. The secrets
 // themselves never leave this file: errors name the reason, not the token.
-type authenticator struct {
-	tokens    *trustSource[tokenFile]     // nil: no static tokens
-	clientCAs *trustSource[x509.CertPool] // nil: client certificates ignored
-	saKeys    *trustSource[saKeySet]      // nil: no service-account tokens
-	issuers   []string
-	audiences []string
-	anonymous bool
-	now       func() time.Time
+type Authenticator struct {
+	Tokens    *trust.Source[TokenFile]     // nil: no static tokens
+	ClientCAs *trust.Source[x509.CertPool] // nil: client certificates ignored
+	SAKeys    *trust.Source[SAKeySet]      // nil: no service-account tokens
+	Issuers   []string
+	Audiences []string
+	Anonymous bool
+	Now       func() time.Time
 }
 
-// errNoCredentials: the request carries nothing this authenticator checks.
-var errNoCredentials = errors.New("no credentials")
+// ErrNoCredentials: the request carries nothing this authenticator checks.
+var ErrNoCredentials = errors.New("no credentials")
 
-// authenticate returns the request's user, or an error saying why not
-// (errNoCredentials when there were none).
-func (a *authenticator) authenticate(r *http.Request) (*User, error) {
+// Authenticate returns the request's user, or an error saying why not
+// (ErrNoCredentials when there were none).
+func (a *Authenticator) Authenticate(r *http.Request) (*User, error) {
 	var errs []error
 	if u, err := a.x509(r.TLS); err == nil {
 		return finish(u), nil
-	} else if !errors.Is(err, errNoCredentials) {
+	} else if !errors.Is(err, ErrNoCredentials) {
 		errs = append(errs, err)
 	}
 	if u, err := a.bearer(r.Header.Get("Authorization")); err == nil {
 		return finish(u), nil
-	} else if !errors.Is(err, errNoCredentials) {
+	} else if !errors.Is(err, ErrNoCredentials) {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	if a.anonymous {
+	if a.Anonymous {
 		return &User{Name: userAnonymous, Groups: []string{groupUnauthenticated}, Method: "anonymous"}, nil
 	}
-	return nil, errNoCredentials
+	return nil, ErrNoCredentials
 }
 
-// websocketBearer moves a bearer token sent as a WebSocket subprotocol
+// WebSocketBearer moves a bearer token sent as a WebSocket subprotocol
 // ("base64url.bearer.authorization.k8s.io.<base64url token>": browsers
 // cannot set Authorization on a WebSocket, and kubectl's and client-go's
 // WebSocket clients may use it too) into the request's Authorization
@@ -117,7 +123,7 @@ func (a *authenticator) authenticate(r *http.Request) (*User, error) {
 // kube-apiserver's own protocol authenticator's. An Authorization header
 // the client sent wins, as in kube-apiserver, and the subprotocol is
 // removed all the same.
-func websocketBearer(r *http.Request) error {
+func WebSocketBearer(r *http.Request) error {
 	if r.Header.Get("Sec-WebSocket-Protocol") == "" {
 		return nil
 	}
@@ -147,9 +153,9 @@ func finish(u *User) *User {
 // credential-id extra). The TLS layer only requests certificates
 // (tls.RequestClientCert) so that a bad one is a Kubernetes 401 here rather
 // than a failed handshake.
-func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
-	if a.clientCAs == nil || cs == nil || len(cs.PeerCertificates) == 0 {
-		return nil, errNoCredentials
+func (a *Authenticator) x509(cs *tls.ConnectionState) (*User, error) {
+	if a.ClientCAs == nil || cs == nil || len(cs.PeerCertificates) == 0 {
+		return nil, ErrNoCredentials
 	}
 	leaf := cs.PeerCertificates[0]
 	inter := x509.NewCertPool()
@@ -157,9 +163,9 @@ func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
 		inter.AddCert(c)
 	}
 	chains, err := leaf.Verify(x509.VerifyOptions{
-		Roots:         a.clientCAs.Get(),
+		Roots:         a.ClientCAs.Get(),
 		Intermediates: inter,
-		CurrentTime:   a.now(),
+		CurrentTime:   a.Now(),
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
 	if err != nil {
@@ -183,23 +189,23 @@ func (a *authenticator) x509(cs *tls.ConnectionState) (*User, error) {
 
 // bearer authenticates an Authorization header: static tokens first (a
 // hash lookup), then service-account JWTs.
-func (a *authenticator) bearer(h string) (*User, error) {
+func (a *Authenticator) bearer(h string) (*User, error) {
 	scheme, tok, found := strings.Cut(h, " ")
 	if !found || !strings.EqualFold(scheme, "bearer") {
-		return nil, errNoCredentials
+		return nil, ErrNoCredentials
 	}
 	tok = strings.TrimSpace(tok)
 	if tok == "" {
-		return nil, errNoCredentials
+		return nil, ErrNoCredentials
 	}
-	if a.tokens != nil {
-		if u, ok := a.tokens.Get().users[sha256.Sum256([]byte(tok))]; ok {
+	if a.Tokens != nil {
+		if u, ok := a.Tokens.Get().users[sha256.Sum256([]byte(tok))]; ok {
 			u.Groups = slices.Clone(u.Groups)
 			u.Method = "token"
 			return &u, nil
 		}
 	}
-	if a.saKeys != nil && strings.Count(tok, ".") == 2 {
+	if a.SAKeys != nil && strings.Count(tok, ".") == 2 {
 		return a.serviceAccount(tok)
 	}
 	return nil, errors.New("token: unknown bearer token")
@@ -243,15 +249,15 @@ type claimRef struct {
 // credential id in its extra); the pod, node or secret it is bound to is
 // checked against the cache on every request (bound.go), as in cluster
 // mode. The ServiceAccount itself is not looked up.
-func (a *authenticator) serviceAccount(raw string) (*User, error) {
-	keys := a.saKeys.Get().keys
+func (a *Authenticator) serviceAccount(raw string) (*User, error) {
+	keys := a.SAKeys.Get().keys
 	if len(keys) == 0 {
 		return nil, errors.New("service account token: no verification keys (the key files do not load)")
 	}
 	var claims saClaims
 	p := jwt.NewParser(
 		jwt.WithValidMethods([]string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}),
-		jwt.WithTimeFunc(a.now),
+		jwt.WithTimeFunc(a.Now),
 		jwt.WithLeeway(time.Minute/2),
 		// A token without exp would be valid forever: leaked, it could only
 		// be revoked by rotating the signing key.
@@ -263,10 +269,10 @@ func (a *authenticator) serviceAccount(raw string) (*User, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service account token: %w", err)
 	}
-	if !slices.Contains(a.issuers, claims.Issuer) {
+	if !slices.Contains(a.Issuers, claims.Issuer) {
 		return nil, fmt.Errorf("service account token: issuer %q is not accepted", claims.Issuer)
 	}
-	if claims.Issuer != legacySAIssuer && !slices.ContainsFunc(claims.Audience, func(aud string) bool { return slices.Contains(a.audiences, aud) }) {
+	if claims.Issuer != legacySAIssuer && !slices.ContainsFunc(claims.Audience, func(aud string) bool { return slices.Contains(a.Audiences, aud) }) {
 		return nil, errors.New("service account token: no accepted audience")
 	}
 	rest, ok := strings.CutPrefix(claims.Subject, saUserPrefix)
@@ -310,14 +316,15 @@ func (c *claimRef) ref() *objectRef {
 	return &objectRef{name: c.Name, uid: c.UID}
 }
 
-// tokenFile is a loaded static token file.
-type tokenFile struct {
+// TokenFile is a loaded static token file.
+type TokenFile struct {
 	// Keyed by the token's SHA-256: a lookup's timing can only tell an
 	// attacker about hashes, never about a token's prefix.
 	users map[[32]byte]User
 }
 
-func loadTokens(path string) (*tokenFile, error) {
+// LoadTokens reads a static token file (kube-apiserver's CSV format).
+func LoadTokens(path string) (*TokenFile, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
@@ -327,7 +334,7 @@ func loadTokens(path string) (*tokenFile, error) {
 	r.FieldsPerRecord = -1
 	r.TrimLeadingSpace = true
 	r.Comment = '#'
-	a := &tokenFile{users: map[[32]byte]User{}}
+	a := &TokenFile{users: map[[32]byte]User{}}
 	for line := 1; ; line++ {
 		rec, err := r.Read()
 		if errors.Is(err, io.EOF) {
@@ -353,14 +360,14 @@ func loadTokens(path string) (*tokenFile, error) {
 		a.users[sha256.Sum256([]byte(rec[0]))] = u
 	}
 	// An empty file is valid: it revokes every token (so does a file that
-	// fails to parse or is deleted, reloaded: see trustSource).
+	// fails to parse or is deleted, reloaded: see trust.Source).
 	return a, nil
 }
 
-// loadCertPool reads the client CA bundle. An empty file (or one of only
+// LoadCertPool reads the client CA bundle. An empty file (or one of only
 // whitespace) is an empty pool, so that emptying it revokes every client
 // certificate; anything else must be PEM certificates.
-func loadCertPool(path string) (*x509.CertPool, error) {
+func LoadCertPool(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("client CA: %w", err)
@@ -372,15 +379,15 @@ func loadCertPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// saKeySet holds the public keys that verify service-account tokens.
-type saKeySet struct {
+// SAKeySet holds the public keys that verify service-account tokens.
+type SAKeySet struct {
 	keys []jwt.VerificationKey
 }
 
-// loadSAKeys reads public keys, certificates or private keys (whose public
+// LoadSAKeys reads public keys, certificates or private keys (whose public
 // half is used), as kube-apiserver's --service-account-key-file accepts.
-func loadSAKeys(paths []string) (*saKeySet, error) {
-	set := &saKeySet{}
+func LoadSAKeys(paths []string) (*SAKeySet, error) {
+	set := &SAKeySet{}
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -444,3 +451,7 @@ func publicKey(blk *pem.Block) (crypto.PublicKey, error) {
 	}
 	return nil, fmt.Errorf("unsupported key type %T (want RSA or ECDSA)", k)
 }
+
+// NoTokens is a token file that accepts no token: the value of a token
+// file that does not load (it fails closed).
+func NoTokens() *TokenFile { return &TokenFile{users: map[[32]byte]User{}} }

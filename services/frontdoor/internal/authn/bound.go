@@ -1,4 +1,4 @@
-package frontdoor
+package authn
 
 import (
 	"context"
@@ -60,9 +60,10 @@ type objectRef struct {
 	anyUID bool
 }
 
-// checkBound refuses u, authenticated by r's credentials, when its token
-// is bound to an object the cache does not hold (with that uid).
-func (s *Server) checkBound(r *http.Request, u *User) error {
+// CheckBound refuses u, authenticated by r's credentials, when its token
+// is bound to an object cache does not hold (with that uid); reg names
+// the resources cache holds.
+func CheckBound(r *http.Request, u *User, reg *kube.Registry, cache heraldv1.CacheClient) error {
 	b := u.bound
 	if b == nil && u.Method == "tokenreview" {
 		token, _ := bearerToken(r.Header.Get("Authorization"))
@@ -71,7 +72,7 @@ func (s *Server) checkBound(r *http.Request, u *User) error {
 	if b == nil {
 		return nil
 	}
-	return s.checkBinding(r.Context(), b)
+	return checkBinding(r.Context(), b, reg, cache)
 }
 
 // reviewedBinding is the binding of a token the cluster reviewed: from the
@@ -96,7 +97,7 @@ func reviewedBinding(u *User, token string) *binding {
 
 // checkBinding reports errBoundObjectGone unless the cache holds every
 // object b names, with its uid.
-func (s *Server) checkBinding(ctx context.Context, b *binding) error {
+func checkBinding(ctx context.Context, b *binding, reg *kube.Registry, cache heraldv1.CacheClient) error {
 	for _, c := range []struct {
 		plural, namespace string
 		ref               *objectRef
@@ -111,7 +112,7 @@ func (s *Server) checkBinding(ctx context.Context, b *binding) error {
 		if c.ref.anyUID {
 			uid = ""
 		}
-		if err := s.checkCached(ctx, c.plural, c.namespace, c.ref.name, uid); err != nil {
+		if err := checkCached(ctx, reg, cache, c.plural, c.namespace, c.ref.name, uid); err != nil {
 			return err
 		}
 	}
@@ -153,13 +154,13 @@ func secretClaims(token, namespace string) *objectRef {
 
 // checkCached reports errBoundObjectGone unless the cache holds the core/v1
 // object namespace/name with uid (any uid when uid is "").
-func (s *Server) checkCached(ctx context.Context, plural, namespace, name, uid string) error {
-	res, ok := s.reg.Lookup("", "v1", plural)
+func checkCached(ctx context.Context, reg *kube.Registry, cache heraldv1.CacheClient, plural, namespace, name, uid string) error {
+	res, ok := reg.Lookup("", "v1", plural)
 	if !ok {
 		return nil // the cache does not hold them: TokenReview alone decides
 	}
 	for _, rv := range []string{"0", ""} {
-		resp, err := s.cache.List(ctx, &heraldv1.ListRequest{Resource: res.ID(), Namespace: namespace, Name: name, ResourceVersion: rv})
+		resp, err := cache.List(ctx, &heraldv1.ListRequest{Resource: res.ID(), Namespace: namespace, Name: name, ResourceVersion: rv})
 		switch {
 		case err != nil && apierrors.IsNotFound(kube.FromGRPC(err)):
 		case err != nil:

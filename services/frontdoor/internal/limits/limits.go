@@ -1,4 +1,7 @@
-package frontdoor
+// Package limits bounds what one client, and all of them together, may
+// hold of a frontdoor at once: request and watch slots (Limiter), overall
+// and per user, refused with 429 rather than queued.
+package limits
 
 import (
 	"sync"
@@ -7,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// limiter bounds concurrent requests of one kind (non-watch requests, or
+// Limiter bounds concurrent requests of one kind (non-watch requests, or
 // open watches) overall and per user, so that one client cannot starve the
 // others:
 //
@@ -30,49 +33,51 @@ import (
 // A refused request is answered 429 with Retry-After by the caller; nothing
 // waits in a queue, so a flood costs the server no memory beyond the
 // connections themselves. The per-user map only holds users with slots.
-type limiter struct {
+type Limiter struct {
 	max, perUser int
-	// inUseGauge, when not nil, counts the slots taken
+	// InUseGauge, when not nil, counts the slots taken
 	// (apiserver_current_inflight_requests of the limiter's kind).
-	inUseGauge prometheus.Gauge
+	InUseGauge prometheus.Gauge
 
 	mu    sync.Mutex
 	total int
 	users map[string]int
 }
 
-func newLimiter(max, perUser int) *limiter {
+// New returns a Limiter of max slots, at most perUser of them for one
+// user (0: no per-user bound but max).
+func New(max, perUser int) *Limiter {
 	if perUser <= 0 {
 		perUser = max
 	}
-	return &limiter{max: max, perUser: min(perUser, max), users: map[string]int{}}
+	return &Limiter{max: max, perUser: min(perUser, max), users: map[string]int{}}
 }
 
 // Why a request was refused (metric label).
 const (
-	limitTotal = "total"
-	limitUser  = "per-user"
-	limitFair  = "fair-share"
+	Total   = "total"
+	PerUser = "per-user"
+	Fair    = "fair-share"
 )
 
-// acquire takes a slot for user; when ok, release returns it (once,
+// Acquire takes a slot for user; when ok, release returns it (once,
 // however often it is called).
-func (l *limiter) acquire(user string) (release func(), refused string) {
+func (l *Limiter) Acquire(user string) (release func(), refused string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.users[user]
 	switch {
 	case l.total >= l.max:
-		return nil, limitTotal
+		return nil, Total
 	case n >= l.perUser:
-		return nil, limitUser
+		return nil, PerUser
 	case l.total >= l.max-l.max/4 && n > 0 && n >= max(1, l.max/(len(l.users)+1)):
-		return nil, limitFair
+		return nil, Fair
 	}
 	l.total++
 	l.users[user] = n + 1
-	if l.inUseGauge != nil {
-		l.inUseGauge.Inc()
+	if l.InUseGauge != nil {
+		l.InUseGauge.Inc()
 	}
 	// One small object: an established watch holds its slot for its
 	// whole life.
@@ -82,7 +87,7 @@ func (l *limiter) acquire(user string) (release func(), refused string) {
 
 // slot is a slot taken of l by user.
 type slot struct {
-	l        *limiter
+	l        *Limiter
 	user     string
 	released atomic.Bool
 }
@@ -93,11 +98,11 @@ func (s *slot) release() {
 	}
 }
 
-func (l *limiter) release(user string) {
+func (l *Limiter) release(user string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.inUseGauge != nil {
-		l.inUseGauge.Dec()
+	if l.InUseGauge != nil {
+		l.InUseGauge.Dec()
 	}
 	l.total--
 	if n := l.users[user] - 1; n > 0 {
@@ -107,8 +112,8 @@ func (l *limiter) release(user string) {
 	}
 }
 
-// inUse returns the slots taken.
-func (l *limiter) inUse() int {
+// InUse returns the slots taken.
+func (l *Limiter) InUse() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.total

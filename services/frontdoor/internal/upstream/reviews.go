@@ -1,33 +1,32 @@
-package frontdoor
+package upstream
 
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
-	k8sauthn "k8s.io/apiserver/pkg/authentication/authenticator"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
+
+	"herald.dev/services/frontdoor/internal/limits"
 )
 
 // Cluster mode's reviews (TokenReview, SubjectAccessReview) are sized for a
 // cluster and cannot be starved by abuse:
 //
-//   - each kind has its own client (newReviewClient) whose requests go
+//   - each kind has its own client (NewReviewClient) whose requests go
 //     through a reviewTransport: a bounded number in flight, fair per key
 //     (the SubjectAccessReview's user; one pool for TokenReviews), then a
 //     rate (upstream.review-qps/-burst) whose wait is bounded by the
@@ -35,7 +34,7 @@ import (
 //     slot), then a deadline (upstream.review-timeout). No queue of
 //     unbounded length forms anywhere: a review that gets no slot, or whose
 //     turn would come after its deadline, fails at once with
-//     errReviewThrottled, which the client gets as 429 with Retry-After,
+//     ErrReviewThrottled, which the client gets as 429 with Retry-After,
 //     never as a refused credential;
 //   - identical SubjectAccessReviews in flight are sent once
 //     (singleflight; k8s.io/apiserver's token cache does the same for
@@ -52,49 +51,41 @@ import (
 //     cluster knows, and a flood from one address not that of new users
 //     from others.
 
-// errReviewThrottled: a review was not sent, to stay within the review
+// ErrReviewThrottled: a review was not sent, to stay within the review
 // limits. The client gets 429 with Retry-After.
-var errReviewThrottled = errors.New("review throttled by frontdoor's review limits")
+var ErrReviewThrottled = errors.New("review throttled by frontdoor's review limits")
 
-// knownTokenRetention is how long a token the cluster accepted counts as
-// known (reviewed again outside the new-token pool); knownTokensMax bounds
-// how many are remembered (an HMAC of each: 32 bytes and an expiry).
-const (
-	knownTokenRetention = 15 * time.Minute
-	knownTokensMax      = 1 << 17
-)
-
-// reviewMetrics are the reviews' counters, by review (tokenreview,
+// ReviewMetrics are the reviews' counters, by review (tokenreview,
 // subjectaccessreview).
-type reviewMetrics struct {
+type ReviewMetrics struct {
 	sent      *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
-	throttled *prometheus.CounterVec
+	Throttled *prometheus.CounterVec
 	shared    *prometheus.CounterVec
-	inflight  *prometheus.GaugeVec
+	Inflight  *prometheus.GaugeVec
 }
 
-func newReviewMetrics(reg prometheus.Registerer) *reviewMetrics {
+func NewReviewMetrics(reg prometheus.Registerer) *ReviewMetrics {
 	f := promauto.With(reg)
-	return &reviewMetrics{
+	return &ReviewMetrics{
 		sent: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_upstream_reviews_total",
 			Help: "Reviews sent to kube-apiserver by review (tokenreview, subjectaccessreview) and HTTP code (error: no answer)."}, []string{"review", "code"}),
 		duration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "herald_frontdoor_upstream_review_duration_seconds",
 			Help: "Time kube-apiserver took to answer a review, by review.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"review"}),
-		throttled: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_upstream_reviews_throttled_total",
+		Throttled: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_upstream_reviews_throttled_total",
 			Help: "Reviews not sent (the request got 429) by review and limit: total, per-user, fair-share (reviews in flight), rate (upstream.review-qps), new-token-total, new-token-per-source, new-token-fair-share (tokens not accepted recently)."}, []string{"review", "limit"}),
 		shared: f.NewCounterVec(prometheus.CounterOpts{Name: "herald_frontdoor_upstream_reviews_shared_total",
 			Help: "Reviews answered by an identical review already in flight, by review."}, []string{"review"}),
-		inflight: f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_frontdoor_upstream_reviews_inflight",
+		Inflight: f.NewGaugeVec(prometheus.GaugeOpts{Name: "herald_frontdoor_upstream_reviews_inflight",
 			Help: "Reviews in flight to kube-apiserver, by review (new-token: TokenReviews of tokens not accepted recently, cache hits included)."}, []string{"review"}),
 	}
 }
 
-// newReviewClient is a copy of cfg for one kind of review: client-go's own
+// NewReviewClient is a copy of cfg for one kind of review: client-go's own
 // rate limiter off (it queues without fairness and fails a wait that would
 // pass the deadline with an error indistinguishable from a refusal), the
 // reviewTransport's limits instead.
-func newReviewClient(cfg *rest.Config, c UpstreamConfig, review string, key func([]byte) (fair, flight string), m *reviewMetrics) *rest.Config {
+func NewReviewClient(cfg *rest.Config, c Config, review string, key func([]byte) (fair, flight string), m *ReviewMetrics) *rest.Config {
 	rc := rest.CopyConfig(cfg)
 	rc.Timeout = c.ReviewTimeout
 	rc.QPS, rc.Burst, rc.RateLimiter = -1, 0, nil
@@ -107,10 +98,10 @@ func newReviewClient(cfg *rest.Config, c UpstreamConfig, review string, key func
 	}
 	t := &reviewTransport{
 		review: review, key: key, m: m, timeout: c.ReviewTimeout, flights: &singleflight.Group{},
-		slots: newLimiter(c.MaxReviewsInflight, perUser),
+		slots: limits.New(c.MaxReviewsInflight, perUser),
 		rate:  rate.NewLimiter(rate.Limit(c.ReviewQPS), c.ReviewBurst),
 	}
-	t.slots.inUseGauge = m.inflight.WithLabelValues(review)
+	t.slots.InUseGauge = m.Inflight.WithLabelValues(review)
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		w := *t // the limits are shared by every transport of the client
 		w.next = rt
@@ -124,16 +115,16 @@ type reviewTransport struct {
 	next    http.RoundTripper
 	review  string
 	key     func(body []byte) (fair, flight string)
-	slots   *limiter
+	slots   *limits.Limiter
 	rate    *rate.Limiter
 	timeout time.Duration
 	flights *singleflight.Group
-	m       *reviewMetrics
+	m       *ReviewMetrics
 }
 
-// sarKey: a SubjectAccessReview is fair per user, and identical ones (the
+// SARKey: a SubjectAccessReview is fair per user, and identical ones (the
 // same JSON: encoding/json sorts the extras' keys) are sent once.
-func sarKey(body []byte) (fair, flight string) {
+func SARKey(body []byte) (fair, flight string) {
 	var sar struct {
 		Spec struct {
 			User string `json:"user"`
@@ -143,9 +134,9 @@ func sarKey(body []byte) (fair, flight string) {
 	return sar.Spec.User, string(body)
 }
 
-// tokenReviewKey: TokenReviews share one pool; the token cache already
+// TokenReviewKey: TokenReviews share one pool; the token cache already
 // sends a token's review once.
-func tokenReviewKey([]byte) (fair, flight string) { return "", "" }
+func TokenReviewKey([]byte) (fair, flight string) { return "", "" }
 
 // sharedAnswer is a review's answer, read whole, for every caller.
 type sharedAnswer struct {
@@ -205,10 +196,10 @@ func (t *reviewTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // send takes a slot, waits for its turn of the rate, and sends.
 func (t *reviewTransport) send(ctx context.Context, req *http.Request, body []byte, fair string) (*http.Response, error) {
-	release, refused := t.slots.acquire(fair)
+	release, refused := t.slots.Acquire(fair)
 	if refused != "" {
-		t.m.throttled.WithLabelValues(t.review, refused).Inc()
-		return nil, errReviewThrottled
+		t.m.Throttled.WithLabelValues(t.review, refused).Inc()
+		return nil, ErrReviewThrottled
 	}
 	if err := t.wait(ctx); err != nil {
 		release()
@@ -241,8 +232,8 @@ func (t *reviewTransport) send(ctx context.Context, req *http.Request, body []by
 func (t *reviewTransport) wait(ctx context.Context) error {
 	r := t.rate.Reserve()
 	if !r.OK() {
-		t.m.throttled.WithLabelValues(t.review, "rate").Inc()
-		return errReviewThrottled
+		t.m.Throttled.WithLabelValues(t.review, "rate").Inc()
+		return ErrReviewThrottled
 	}
 	d := r.Delay()
 	if d == 0 {
@@ -250,8 +241,8 @@ func (t *reviewTransport) wait(ctx context.Context) error {
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 		r.Cancel()
-		t.m.throttled.WithLabelValues(t.review, "rate").Inc()
-		return errReviewThrottled
+		t.m.Throttled.WithLabelValues(t.review, "rate").Inc()
+		return ErrReviewThrottled
 	}
 	tm := time.NewTimer(d)
 	defer tm.Stop()
@@ -276,117 +267,20 @@ func (b *releaseOnClose) Close() error {
 	return err
 }
 
-// tokenAnswers sits between the TokenReview authenticator and the token
-// cache. kube-apiserver reports a token it does not accept with
-// status.error, which the webhook authenticator returns as an error, and the
-// cache caches no error: this turns that answer into a refusal the cache
-// keeps for the negative TTL, and leaves the errors of reviews that failed
-// (not sent, transport, timeout, an error Status) errors, which are never
-// cached. It also keeps the set of tokens the cluster accepted.
-type tokenAnswers struct {
-	next  k8sauthn.Token
-	known *knownTokens
-}
-
-func (a tokenAnswers) AuthenticateToken(ctx context.Context, tok string) (*k8sauthn.Response, bool, error) {
-	resp, ok, err := a.next.AuthenticateToken(ctx, tok)
-	switch {
-	case err != nil && (errors.Is(err, errReviewThrottled) || reviewUnavailable(err)):
-		return nil, false, err
-	case err != nil || !ok || resp == nil || resp.User == nil:
-		a.known.forget(tok)
-		return nil, false, nil
-	}
-	a.known.add(tok)
-	return resp, true, nil
-}
-
-// knownTokens remembers (by HMAC) the tokens the cluster accepted within
-// knownTokenRetention, at most knownTokensMax of them. Only an accepted
-// token enters it, so a flood of bad tokens cannot fill it.
-type knownTokens struct {
-	key []byte
-	mu  sync.Mutex
-	m   map[[sha256.Size]byte]time.Time
-	now func() time.Time
-}
-
-func newKnownTokens() *knownTokens {
-	k := &knownTokens{key: make([]byte, 32), m: map[[sha256.Size]byte]time.Time{}, now: time.Now}
-	rand.Read(k.key)
-	return k
-}
-
-func (k *knownTokens) sum(tok string) (s [sha256.Size]byte) {
-	h := hmac.New(sha256.New, k.key)
-	h.Write([]byte(tok))
-	copy(s[:], h.Sum(nil))
-	return s
-}
-
-func (k *knownTokens) has(tok string) bool {
-	s := k.sum(tok)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	exp, ok := k.m[s]
-	return ok && k.now().Before(exp)
-}
-
-func (k *knownTokens) add(tok string) {
-	s := k.sum(tok)
-	now := k.now()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, ok := k.m[s]; !ok && len(k.m) >= knownTokensMax {
-		for t, exp := range k.m {
-			if !now.Before(exp) {
-				delete(k.m, t)
-			}
-		}
-		if len(k.m) >= knownTokensMax {
-			return // full of live tokens: this one is reviewed as new
-		}
-	}
-	k.m[s] = now.Add(knownTokenRetention)
-}
-
-func (k *knownTokens) forget(tok string) {
-	s := k.sum(tok)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.m, s)
-}
-
-// reviewToken authenticates tok through the token cache; a token the
-// cluster has not accepted recently first takes a slot of the new-token
-// pool for the request's source address (429 when there is none), held
-// until its review is answered.
-func (c *cluster) reviewToken(r *http.Request, tok string) (*k8sauthn.Response, bool, error) {
-	if !c.known.has(tok) {
-		release, refused := c.newTokens.acquire(sourceOf(r))
-		if refused != "" {
-			if refused == limitUser {
-				refused = "per-source"
-			}
-			c.reviewMetrics.throttled.WithLabelValues("tokenreview", "new-token-"+refused).Inc()
-			return nil, false, errReviewThrottled
-		}
-		defer release()
-	}
-	return c.tokens.AuthenticateToken(r.Context(), tok)
-}
-
-// sourceOf is the address a request came from (its connection's peer).
-func sourceOf(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
+// ReviewUnavailable tells an error of the TokenReview request (transport,
+// timeout, an error Status from the API) from the cluster's answer that the
+// token is not valid, which the webhook authenticator also returns as an
+// error (a plain one, with TokenReview's status.error).
+func ReviewUnavailable(err error) bool {
+	var api apierrors.APIStatus
+	var uerr *url.Error
+	var nerr net.Error
+	return errors.As(err, &api) || errors.As(err, &uerr) || errors.As(err, &nerr) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // validateReviews checks the review limits of c.
-func (c *UpstreamConfig) validateReviews() error {
+func (c *Config) validateReviews() error {
 	var errs []error
 	if c.ReviewQPS <= 0 || c.ReviewBurst <= 0 {
 		errs = append(errs, errors.New("upstream.review-qps and upstream.review-burst must be positive"))
@@ -403,20 +297,4 @@ func (c *UpstreamConfig) validateReviews() error {
 		errs = append(errs, errors.New("upstream.max-new-token-reviews-inflight must be at most half of upstream.max-reviews-inflight (the rest is for tokens the cluster accepted)"))
 	}
 	return errors.Join(errs...)
-}
-
-// reviewError is the answer to a request whose SubjectAccessReview could
-// not be asked (err from the authorizer): 429 when the review limits held it
-// back, 503 when the cluster could not answer; nil for any other error,
-// which stays a denial.
-func reviewError(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, errReviewThrottled):
-		return errTooMany("Too many requests, please try again later.")
-	case reviewUnavailable(err):
-		return errUnavailable("the cluster could not authorize the request: its SubjectAccessReview failed")
-	}
-	return nil
 }

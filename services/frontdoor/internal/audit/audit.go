@@ -1,29 +1,4 @@
-package frontdoor
-
-import (
-	"bufio"
-	"context"
-	"encoding/json"
-	"errors"
-	"flag"
-	"fmt"
-	"log/slog"
-	"net/http"
-	"os"
-	"strings"
-	"sync"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
-	authnv1 "k8s.io/api/authentication/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
-	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
-)
-
-// The audit log: one kube-apiserver audit Event (audit.k8s.io/v1, level
+// Package audit is the frontdoor's audit log: one kube-apiserver audit Event (audit.k8s.io/v1, level
 // Metadata) per request frontdoor serves or forwards, as a JSON line, so
 // that the pipelines that read kube-apiserver's --audit-log-path read
 // Herald's too. Reads served from the cache leave no trace in
@@ -49,9 +24,36 @@ import (
 // for one writer; when the queue is full, an event is dropped and counted
 // (herald_frontdoor_audit_events_dropped_total). The file is rotated at
 // --audit-log-maxsize megabytes, keeping --audit-log-maxbackup old files.
+package audit
 
-// AuditConfig is the audit log's configuration.
-type AuditConfig struct {
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+
+	"herald.dev/services/frontdoor/internal/authn"
+	"herald.dev/services/frontdoor/internal/reqinfo"
+)
+
+// Config is the audit log's configuration.
+type Config struct {
 	Path       string
 	MaxSizeMB  int
 	MaxBackups int
@@ -59,7 +61,7 @@ type AuditConfig struct {
 }
 
 // RegisterFlags registers the audit-log-* flags, kube-apiserver's names.
-func (c *AuditConfig) RegisterFlags(fs *flag.FlagSet) {
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Path, "audit-log-path", "", "File to write the audit log to, one audit.k8s.io/v1 Event (JSON) per line, for every request served or forwarded; \"-\": standard output; empty: no audit log.")
 	fs.IntVar(&c.MaxSizeMB, "audit-log-maxsize", 100, "Size in megabytes at which the audit log file is rotated (renamed to <path>.1, older ones shifted).")
 	fs.IntVar(&c.MaxBackups, "audit-log-maxbackup", 10, "Rotated audit log files kept (<path>.1 ... <path>.N); the oldest is removed.")
@@ -67,7 +69,7 @@ func (c *AuditConfig) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // Validate reports configuration errors.
-func (c AuditConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Path == "" {
 		return nil
 	}
@@ -93,8 +95,8 @@ const (
 	maxAuditUserAgent = 1024
 )
 
-// auditLog queues events for its writer.
-type auditLog struct {
+// Log queues events for its writer.
+type Log struct {
 	queue   chan []byte
 	stop    chan struct{}
 	done    chan struct{}
@@ -105,8 +107,8 @@ type auditLog struct {
 	out     auditSink
 }
 
-// newAuditLog opens the audit log; nil when it is off.
-func newAuditLog(cfg AuditConfig, log *slog.Logger, reg prometheus.Registerer) (*auditLog, error) {
+// New opens the audit log; nil when it is off.
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Log, error) {
 	if cfg.Path == "" {
 		return nil, nil
 	}
@@ -121,7 +123,7 @@ func newAuditLog(cfg AuditConfig, log *slog.Logger, reg prometheus.Registerer) (
 		out = f
 	}
 	f := promauto.With(reg)
-	l := &auditLog{queue: make(chan []byte, cfg.BufferSize), stop: make(chan struct{}), done: make(chan struct{}), log: log, out: out,
+	l := &Log{queue: make(chan []byte, cfg.BufferSize), stop: make(chan struct{}), done: make(chan struct{}), log: log, out: out,
 		dropped: f.NewCounter(prometheus.CounterOpts{Name: "herald_frontdoor_audit_events_dropped_total",
 			Help: "Audit events dropped because the audit log's queue was full (--audit-log-buffer-size): the writer fell behind."}),
 		failed: f.NewCounter(prometheus.CounterOpts{Name: "herald_frontdoor_audit_write_errors_total",
@@ -133,7 +135,7 @@ func newAuditLog(cfg AuditConfig, log *slog.Logger, reg prometheus.Registerer) (
 
 // run writes queued events until close, flushing whenever the queue is
 // empty.
-func (l *auditLog) run() {
+func (l *Log) run() {
 	defer close(l.done)
 	write := func(b []byte) {
 		if err := l.out.write(b); err != nil {
@@ -167,7 +169,7 @@ func (l *auditLog) run() {
 }
 
 // emit queues ev, never waiting.
-func (l *auditLog) emit(ev *auditv1.Event) {
+func (l *Log) emit(ev *auditv1.Event) {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		l.failed.Inc()
@@ -182,7 +184,7 @@ func (l *auditLog) emit(ev *auditv1.Event) {
 
 // close writes what is queued and closes the file; events of requests that
 // end later are dropped (counted). Safe on nil and more than once.
-func (l *auditLog) close() {
+func (l *Log) Close() {
 	if l == nil {
 		return
 	}
@@ -190,11 +192,11 @@ func (l *auditLog) close() {
 	<-l.done
 }
 
-// auditRecord is one request's audit event under construction. It keeps
+// Record is one request's audit event under construction. It keeps
 // what it logs, never the request: a detached watch's end runs it.
-type auditRecord struct {
-	l           *auditLog
-	ae          *auditEntry
+type Record struct {
+	l           *Log
+	ae          *Entry
 	ev          auditv1.Event
 	longRunning bool
 	started     bool // the ResponseStarted event was sent
@@ -205,18 +207,18 @@ type auditRecord struct {
 
 type auditKey struct{}
 
-// beginAudit starts r's audit event (nil when the audit log is off, or for
-// the health probes) and returns r with it in its context, where the
-// authorization's decision is recorded (auditDecision).
-func (l *auditLog) begin(r *http.Request, auditID string, start time.Time, ae *auditEntry) (*auditRecord, *http.Request) {
+// Begin starts r's audit event (nil when the audit log is off, or for
+// the health probes) and r's context with it, where the
+// authorization's decision is recorded (Decision).
+func (l *Log) Begin(r *http.Request, auditID string, start time.Time, ae *Entry) (*Record, context.Context) {
 	if l == nil {
-		return nil, r
+		return nil, r.Context()
 	}
 	switch r.URL.Path {
 	case "/livez", "/readyz", "/healthz":
-		return nil, r
+		return nil, r.Context()
 	}
-	a := &auditRecord{l: l, ae: ae, credentials: auditCredentials(r)}
+	a := &Record{l: l, ae: ae, credentials: auditCredentials(r)}
 	ev := &a.ev
 	ev.TypeMeta = metav1.TypeMeta{Kind: "Event", APIVersion: auditv1.SchemeGroupVersion.String()}
 	ev.Level = auditv1.LevelMetadata
@@ -231,23 +233,23 @@ func (l *auditLog) begin(r *http.Request, auditID string, start time.Time, ae *a
 	for _, ip := range utilnet.SourceIPs(r) {
 		ev.SourceIPs = append(ev.SourceIPs, ip.String())
 	}
-	if info, err := requestInfos.NewRequestInfo(r); err == nil {
+	if info, err := reqinfo.Infos.NewRequestInfo(r); err == nil {
 		ev.Verb = info.Verb
 		if info.IsResourceRequest {
 			ev.ObjectRef = &auditv1.ObjectReference{Resource: info.Resource, Namespace: info.Namespace, Name: info.Name,
 				Subresource: info.Subresource, APIGroup: info.APIGroup, APIVersion: info.APIVersion}
 		}
-		a.longRunning = isLongRunning(r, info)
+		a.longRunning = reqinfo.IsLongRunning(r, info)
 	} else {
 		ev.Verb = strings.ToLower(r.Method)
 	}
-	return a, r.WithContext(context.WithValue(r.Context(), auditKey{}, a))
+	return a, context.WithValue(r.Context(), auditKey{}, a)
 }
 
-// auditDecision records an authorization decision in the request's audit
+// Decision records an authorization decision in the request's audit
 // event, as kube-apiserver's authorization filter annotates it.
-func auditDecision(ctx context.Context, allowed bool, reason string) {
-	a, _ := ctx.Value(auditKey{}).(*auditRecord)
+func Decision(ctx context.Context, allowed bool, reason string) {
+	a, _ := ctx.Value(auditKey{}).(*Record)
 	if a == nil {
 		return
 	}
@@ -257,9 +259,9 @@ func auditDecision(ctx context.Context, allowed bool, reason string) {
 	}
 }
 
-// responseStarted is the statusRecorder's hook: the response of a
+// ResponseStarted is the statusRecorder's hook: the response of a
 // long-running request starts with code.
-func (a *auditRecord) responseStarted(code int) {
+func (a *Record) ResponseStarted(code int) {
 	if a == nil || !a.longRunning || a.started {
 		return
 	}
@@ -268,14 +270,14 @@ func (a *auditRecord) responseStarted(code int) {
 	a.send(auditv1.StageResponseStarted)
 }
 
-// complete sends the request's last event: ResponseComplete, or for a
+// Complete sends the request's last event: ResponseComplete, or for a
 // failed authentication ResponseStarted (kube-apiserver audits those before
 // its audit filter, once).
-func (a *auditRecord) complete(code int) {
+func (a *Record) Complete(code int) {
 	if a == nil {
 		return
 	}
-	failedAuthn := a.ae.who == nil && code == http.StatusUnauthorized
+	failedAuthn := a.ae.Who == nil && code == http.StatusUnauthorized
 	if failedAuthn {
 		if !a.started {
 			a.started = true
@@ -285,45 +287,45 @@ func (a *auditRecord) complete(code int) {
 		return
 	}
 	if a.longRunning && !a.started {
-		a.responseStarted(code)
+		a.ResponseStarted(code)
 	}
 	a.fill(code)
 	a.send(auditv1.StageResponseComplete)
 }
 
 // fill sets what is known once the response starts or ends.
-func (a *auditRecord) fill(code int) {
+func (a *Record) fill(code int) {
 	ev, ae := &a.ev, a.ae
 	ev.ResponseStatus = &metav1.Status{Code: int32(code)}
-	if ae.who == nil && code == http.StatusUnauthorized {
+	if ae.Who == nil && code == http.StatusUnauthorized {
 		ev.ResponseStatus.Message = a.credentials
 	}
-	if ae.who != nil {
-		ev.User = auditUser(ae.who)
+	if ae.Who != nil {
+		ev.User = auditUser(ae.Who)
 	}
-	if ae.as != nil && ae.as != ae.who {
+	if ae.As != nil && ae.As != ae.Who {
 		ev.ImpersonatedUser = new(authnv1.UserInfo)
-		*ev.ImpersonatedUser = auditUser(ae.as)
+		*ev.ImpersonatedUser = auditUser(ae.As)
 	}
-	if a.decision != "" || ae.forwarded {
+	if a.decision != "" || ae.Forwarded {
 		ev.Annotations = map[string]string{}
 		if a.decision != "" {
 			ev.Annotations[auditDecisionKey] = a.decision
 			ev.Annotations[auditReasonKey] = a.reason
 		}
-		if ae.forwarded {
+		if ae.Forwarded {
 			ev.Annotations[auditForwarded] = "true"
 		}
 	}
 }
 
-func (a *auditRecord) send(stage auditv1.Stage) {
+func (a *Record) send(stage auditv1.Stage) {
 	a.ev.Stage = stage
 	a.ev.StageTimestamp = metav1.NewMicroTime(time.Now())
 	a.l.emit(&a.ev)
 }
 
-func auditUser(u *User) authnv1.UserInfo {
+func auditUser(u *authn.User) authnv1.UserInfo {
 	out := authnv1.UserInfo{Username: u.Name, UID: u.UID, Groups: u.Groups}
 	if len(u.Extra) > 0 {
 		out.Extra = make(map[string]authnv1.ExtraValue, len(u.Extra))
@@ -440,3 +442,17 @@ func (r *rotatingFile) rotate() error {
 
 func (r *rotatingFile) flush() error { return r.w.Flush() }
 func (r *rotatingFile) close() error { return errors.Join(r.w.Flush(), r.f.Close()) }
+
+// Entry is what the audit line says about one request; the filters fill
+// it in as they learn it.
+type Entry struct {
+	User, Authn, Verb, Resource, Namespace, Reason string
+	// Forwarded: answered by kube-apiserver (cluster mode). Resource is
+	// then a metric label only for resources frontdoor knows; the audit
+	// line names the request's own, UpstreamResource, when set.
+	Forwarded        bool
+	UpstreamResource string
+	// Who: the authenticated user; As: the user it impersonates, in
+	// cluster mode (the audit event).
+	Who, As *authn.User
+}
