@@ -15,6 +15,7 @@ require (
 	herald.dev/libs/proto v0.0.0
 	herald.dev/libs/service v0.0.0
 	herald.dev/libs/stream v0.0.0
+	k8s.io/utils v0.0.0-20260626114624-be93311217bd
 )
 
 require (
@@ -119,7 +120,6 @@ require (
 	k8s.io/kube-aggregator v0.37.2 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/streaming v0.37.2 // indirect
-	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect

@@ -38,6 +38,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.opentelemetry.io/otel/trace"
+	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -87,6 +88,8 @@ type Ingest struct {
 	id  string
 	// tracer: nil when tracing is off (see WithTracer).
 	tracer trace.Tracer
+	// clock: the wall clock unless WithClock gave another.
+	clock clock.WithTicker
 
 	etcd   *clientv3.Client
 	nc     *nats.Conn
@@ -115,7 +118,8 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	host, _ := os.Hostname()
 	i := &Ingest{
 		cfg: cfg, log: log, reg: reg, m: newMetrics(promReg),
-		id: host + "/" + strconv.Itoa(os.Getpid()),
+		id:    host + "/" + strconv.Itoa(os.Getpid()),
+		clock: clock.RealClock{},
 	}
 	for _, o := range opts {
 		o(i)
@@ -172,7 +176,7 @@ func (i *Ingest) Run(ctx context.Context) error {
 			if err != nil {
 				i.log.Warn("cannot create or update the stream; retrying", "stream", i.cfg.Stream, "err", err, "backoff", backoff)
 				i.stream = nil
-				backoff = sleep(ctx, backoff)
+				backoff = i.sleep(ctx, backoff)
 				continue
 			}
 			i.ready.Store(true)
@@ -182,7 +186,7 @@ func (i *Ingest) Run(ctx context.Context) error {
 			break
 		}
 		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
-		backoff = sleep(ctx, backoff)
+		backoff = i.sleep(ctx, backoff)
 		if err == nil {
 			backoff = i.cfg.RetryBackoff
 		}
@@ -190,12 +194,14 @@ func (i *Ingest) Run(ctx context.Context) error {
 	return nil
 }
 
-func sleep(ctx context.Context, d time.Duration) time.Duration {
-	t := time.NewTimer(d)
+// sleep waits d on the replica's clock (or until ctx ends) and returns the
+// next backoff.
+func (i *Ingest) sleep(ctx context.Context, d time.Duration) time.Duration {
+	t := i.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-t.C():
 	}
 	return min(2*d, 10*time.Second)
 }
@@ -283,7 +289,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 		return err
 	}
 	msgID := p.i.msgID(rec)
-	start := time.Now()
+	start := p.i.clock.Now()
 	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
 		jetstream.WithMsgID(msgID),
 		jetstream.WithExpectStream(p.i.cfg.Stream),
@@ -302,7 +308,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 		p.i.m.failures.WithLabelValues("fenced").Inc()
 		return fmt.Errorf("%w: message %s already in the stream", errFenced, msgID)
 	}
-	p.i.m.publishTime.Observe(time.Since(start).Seconds())
+	p.i.m.publishTime.Observe(p.i.clock.Since(start).Seconds())
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
 	p.i.m.lastRev.Set(float64(rec.Revision))
@@ -371,16 +377,16 @@ func (i *Ingest) lead(ctx context.Context) error {
 	defer wcancel()
 	wch := i.etcd.Watch(wctx, i.reg.Prefix()+"/",
 		clientv3.WithPrefix(), clientv3.WithRev(startRev), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
-	ticker := time.NewTicker(i.cfg.ProgressInterval)
+	ticker := i.clock.NewTicker(i.cfg.ProgressInterval)
 	defer ticker.Stop()
 	lastProgress := p.lastRev
 	var lastRequest time.Time
 	requestProgress := func() {
 		// Coalesce: etcd answers every request with a notification.
-		if time.Since(lastRequest) < 20*time.Millisecond {
+		if i.clock.Since(lastRequest) < 20*time.Millisecond {
 			return
 		}
-		lastRequest = time.Now()
+		lastRequest = i.clock.Now()
 		if err := i.etcd.RequestProgress(wctx); err != nil {
 			i.log.Debug("progress request failed", "err", err)
 		}
@@ -389,7 +395,7 @@ func (i *Ingest) lead(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-ticker.C:
+		case <-ticker.C():
 			requestProgress()
 		case <-progressReq:
 			requestProgress()
@@ -450,7 +456,7 @@ var errResynced = errors.New("resynced after compaction; resuming after the mark
 // publishEvents appends the events of one watch response, one record (or
 // several parts) per revision.
 func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clientv3.Event, resumeRev int64, skipParts uint32) error {
-	now := time.Now().UnixNano()
+	now := i.clock.Now().UnixNano()
 	for start := 0; start < len(events); {
 		rev := events[start].Kv.ModRevision
 		end := start

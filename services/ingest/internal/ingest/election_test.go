@@ -1,0 +1,124 @@
+package ingest
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The election on real etcd and NATS: of two replicas only the elected one
+// appends; the other takes over when the leader's lease ends or the leader
+// stops, resuming right after the stream's last record; a deposed leader
+// appends nothing more and campaigns again only once its backoff has passed
+// on its clock.
+
+// twoReplicas starts replica a, waits until it leads (its start marker at
+// etcd's revision then, returned), then starts b and waits until b
+// campaigns behind a.
+func twoReplicas(t *testing.T, e *testEtcd, n *testNATS, flags ...string) (a, b *replica, start int64) {
+	t.Helper()
+	a = startReplica(t, e.url(), n.url, "a", flags...)
+	resume, _ := a.leads(t, 0)
+	start = e.revision(t)
+	if want := fmt.Sprintf("revision=%d skipParts=0 lastSequence=1", start+1); resume != want {
+		t.Fatalf("a new stream's leader resumes at %q, want %q", resume, want)
+	}
+	waitIDs(t, n.js, progressID(start))
+	b = startReplica(t, e.url(), n.url, "b", flags...)
+	waitCandidates(t, e.cli, "a", "b")
+	return a, b, start
+}
+
+// TestElectionLeaseExpiry: only the leader appends; when its lease ends
+// (etcd revokes it, as when its TTL runs out) the follower leads, resumes
+// after the stream's last revision and appends what follows, each revision
+// once; the deposed leader appends nothing more and campaigns again only
+// when its backoff has passed on its clock, then waits as a follower.
+func TestElectionLeaseExpiry(t *testing.T) {
+	n := startNATS(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	a, b, start := twoReplicas(t, e, n)
+
+	first := e.puts(t, "p1", "p2", "p3")
+	want := ids([]string{progressID(start)}, revs(first...))
+	waitIDs(t, n.js, want...)
+	if a.appended() != 4 || b.appended() != 0 {
+		t.Fatalf("a appended %d records and b %d, want 4 and 0", a.appended(), b.appended())
+	}
+	if got := testutil.ToFloat64(b.m.leaderChanges); got != 0 {
+		t.Fatalf("the follower won %v terms", got)
+	}
+	if testutil.ToFloat64(a.m.leader) != 1 || testutil.ToFloat64(b.m.leader) != 0 {
+		t.Fatalf("herald_ingest_leader: a %v, b %v; want 1 and 0", testutil.ToFloat64(a.m.leader), testutil.ToFloat64(b.m.leader))
+	}
+	for _, r := range []*replica{a, b} {
+		if err := r.Ready(); err != nil {
+			t.Fatalf("%s not ready: %v", r.id, err)
+		}
+	}
+
+	mark := a.log.mark()
+	expire(t, e.cli, "a")
+	a.log.wait(t, mark, "leadership term ended; campaigning again", "backoff=50ms")
+	if d := a.clock.nextTimer(t); d != a.cfg.RetryBackoff {
+		t.Fatalf("the deposed leader waits %v before campaigning again, want %v", d, a.cfg.RetryBackoff)
+	}
+	resume, _ := b.leads(t, 0)
+	if want := fmt.Sprintf("revision=%d skipParts=0 lastSequence=4", first[2]+1); resume != want {
+		t.Fatalf("the new leader resumes at %q, want %q", resume, want)
+	}
+	deposed := a.appended()
+	second := e.puts(t, "p4", "p5")
+	want = ids(want, revs(second...))
+	waitIDs(t, n.js, want...)
+	if a.appended() != deposed || b.appended() != len(second) {
+		t.Fatalf("after the lease ended, a appended %d records and b %d, want 0 and %d", a.appended()-deposed, b.appended(), len(second))
+	}
+	// Its backoff has not passed on its clock: a has not campaigned again.
+	waitCandidates(t, e.cli, "b")
+
+	a.clock.Step(a.cfg.RetryBackoff)
+	waitCandidates(t, e.cli, "b", "a")
+	third := e.puts(t, "p6")
+	want = ids(want, revs(third...))
+	waitIDs(t, n.js, want...)
+	if a.appended() != deposed || testutil.ToFloat64(a.m.leaderChanges) != 1 || testutil.ToFloat64(a.m.leader) != 0 {
+		t.Fatalf("a, following again, appended %d records, won %v terms, leader gauge %v", a.appended()-deposed,
+			testutil.ToFloat64(a.m.leaderChanges), testutil.ToFloat64(a.m.leader))
+	}
+	if got := a.appended() + b.appended(); got != len(want) {
+		t.Fatalf("a and b appended %d records, the stream holds %d", got, len(want))
+	}
+}
+
+// TestElectionLeaderStops: a leader that stops resigns at once (no wait for
+// its lease to run out); the follower resumes right after the stream's last
+// revision and appends what was written while nobody led, each revision
+// once and in order.
+func TestElectionLeaderStops(t *testing.T) {
+	n := startNATS(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	a, b, start := twoReplicas(t, e, n)
+
+	first := e.puts(t, "p1", "p2")
+	want := ids([]string{progressID(start)}, revs(first...))
+	waitIDs(t, n.js, want...)
+	a.stop()
+	handover := e.puts(t, "p3", "p4", "p5")
+	resume, _ := b.leads(t, 0)
+	if want := fmt.Sprintf("revision=%d skipParts=0 lastSequence=3", first[1]+1); resume != want {
+		t.Fatalf("the new leader resumes at %q, want %q", resume, want)
+	}
+	after := e.puts(t, "p6")
+	want = ids(want, revs(handover...), revs(after...))
+	waitIDs(t, n.js, want...)
+	if a.appended() != 3 || b.appended() != 4 {
+		t.Fatalf("a appended %d records and b %d, want 3 and 4", a.appended(), b.appended())
+	}
+	if got := a.log.count("leadership term ended"); got != 0 {
+		t.Fatalf("a stopped by its context logged %d failed terms", got)
+	}
+}
