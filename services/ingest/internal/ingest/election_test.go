@@ -2,7 +2,9 @@ package ingest
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -120,5 +122,34 @@ func TestElectionLeaderStops(t *testing.T) {
 	}
 	if got := a.log.count("leadership term ended"); got != 0 {
 		t.Fatalf("a stopped by its context logged %d failed terms", got)
+	}
+}
+
+// TestElectionBackoff: the wait before campaigning again starts at
+// retry-backoff after a term that appended to the stream (the failure that
+// ended it is the first of its kind) and doubles only while terms end
+// without appending anything.
+func TestElectionBackoff(t *testing.T) {
+	n := startNATS(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	a := startReplica(t, e.url(), n.url, "a")
+	_, next := a.leads(t, 0)
+	start := e.revision(t)
+	want := []string{progressID(start)}
+	var waits []time.Duration
+	for term, appends := range []bool{true, true, false, false} {
+		if appends {
+			want = ids(want, revs(e.put(t, fmt.Sprintf("p%d", term))))
+		}
+		waitIDs(t, n.js, want...)
+		expire(t, e.cli, "a")
+		d := a.clock.nextTimer(t)
+		waits = append(waits, d)
+		a.clock.Step(d)
+		_, next = a.leads(t, next)
+	}
+	if want := []time.Duration{50 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
+		t.Fatalf("waits before campaigning again %v, want %v", waits, want)
 	}
 }

@@ -104,6 +104,9 @@ type Ingest struct {
 	// gen is the stream's generation, as the leader checked it
 	// (generation.go).
 	gen atomic.Int64
+	// appends counts the records this replica appended (Run's goroutine
+	// only): a term that moved it succeeded, whatever ended it.
+	appends uint64
 }
 
 // New validates cfg and creates a replica; Run connects and runs it.
@@ -181,15 +184,20 @@ func (i *Ingest) Run(ctx context.Context) error {
 			}
 			i.ready.Store(true)
 		}
+		appends := i.appends
 		err = i.term(ctx)
 		if ctx.Err() != nil {
 			break
 		}
-		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
-		backoff = i.sleep(ctx, backoff)
-		if err == nil {
+		if i.appends != appends {
+			// The term appended: the failure that ended it (a lost
+			// lease, a resync) is the first of its kind, not one more
+			// of a series, which would keep even the only replica off
+			// the stream for up to 10 s.
 			backoff = i.cfg.RetryBackoff
 		}
+		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
+		backoff = i.sleep(ctx, backoff)
 	}
 	return nil
 }
@@ -311,6 +319,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 	p.i.m.publishTime.Observe(p.i.clock.Since(start).Seconds())
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
+	p.i.appends++
 	p.i.m.lastRev.Set(float64(rec.Revision))
 	if stream.IsMarker(rec) {
 		p.i.m.records.WithLabelValues("progress").Inc()
