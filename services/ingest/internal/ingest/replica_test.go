@@ -240,6 +240,13 @@ func (r *replica) appended() int {
 	return int(testutil.ToFloat64(r.m.records.WithLabelValues("revision")) + testutil.ToFloat64(r.m.records.WithLabelValues("progress")))
 }
 
+// waitAppended waits until r's count of appended records is n: the
+// stream may show a record before its writer has its acknowledgement.
+func (r *replica) waitAppended(t *testing.T, n int) {
+	t.Helper()
+	waitGauge(t, r.id+"'s appended records", func() float64 { return float64(r.appended()) }, float64(n))
+}
+
 // fenced is how many of r's appends the stream refused.
 func (r *replica) fenced() int {
 	return int(testutil.ToFloat64(r.m.failures.WithLabelValues("fenced")))
