@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
@@ -71,10 +73,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		etcdRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_etcd_revision", Help: "The latest etcd revision seen in a watch response header."}),
 		leader:        f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_leader", Help: "1 while this process is the publishing leader."}),
 		fragmented:    f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_fragmented_changes_total", Help: "Changes larger than one stream message (stream.max-message-bytes), appended in fragments over several parts."}),
-		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted)."}, []string{"cause"}),
+		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted, reframed)."}, []string{"cause"}),
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
-		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, or the stream emptied)."}),
+		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, the stream emptied, or the stream ends inside a revision framed otherwise)."}),
 		generation:    generationGauge(reg),
 	}
 }
@@ -414,7 +416,10 @@ func (i *Ingest) lead(ctx context.Context) error {
 				return errors.New("etcd watch closed")
 			}
 			if resp.CompactRevision != 0 {
-				return i.resync(ctx, p, resp.CompactRevision)
+				// The history between the stream's last revision and
+				// etcd's compaction is gone.
+				return i.resync(ctx, p, "compacted", "resume revision was compacted",
+					"resumeAfter", p.lastRev, "compactRevision", resp.CompactRevision)
 			}
 			if err := resp.Err(); err != nil {
 				i.etcdOK.Store(false)
@@ -441,26 +446,63 @@ func (i *Ingest) lead(ctx context.Context) error {
 	}
 }
 
-// resync handles a compacted resume point: the history between the stream's
-// last revision and etcd's compaction is gone, so the stream gets a resync
-// marker at etcd's current revision (consumers rebuild from an etcd snapshot
-// at or after it) and the next term resumes right after it.
-func (i *Ingest) resync(ctx context.Context, p *publisher, compacted int64) error {
+// resync handles a lost resume point (cause: the failure it counts as; why
+// and args: the log's account of it): the stream gets a resync marker at
+// etcd's current revision (consumers rebuild from an etcd snapshot at or
+// after it) and the next term resumes right after it.
+func (i *Ingest) resync(ctx context.Context, p *publisher, cause, why string, args ...any) error {
 	rev, err := stream.CurrentRevision(ctx, i.etcd)
 	if err != nil {
 		i.m.failures.WithLabelValues("etcd").Inc()
 		return fmt.Errorf("resync: %w", err)
 	}
-	i.log.Warn("resume revision was compacted; appending a resync marker", "resumeAfter", p.lastRev, "compactRevision", compacted, "resyncRevision", rev)
+	i.log.Warn(why+"; appending a resync marker", append(args, "resyncRevision", rev)...)
 	if err := p.publishMarker(ctx, stream.Resync(rev)); err != nil {
 		return err
 	}
 	i.m.resyncs.Inc()
-	i.m.failures.WithLabelValues("compacted").Inc()
+	i.m.failures.WithLabelValues(cause).Inc()
 	return errResynced
 }
 
-var errResynced = errors.New("resynced after compaction; resuming after the marker")
+var errResynced = errors.New("resume point lost; resuming after the resync marker")
+
+// continuesStream reports whether recs, this replica's parts of the
+// revision the stream ends inside, begin with the skip parts the stream
+// holds (its last messages, up to p.lastSeq) on subject: only then do the
+// other parts complete that revision. Framed otherwise (another
+// stream.max-message-bytes, framing rules changed by an upgrade, another
+// resources file), they would cut the revision's changes elsewhere or land
+// on another subject, and a reader would assemble a revision whose values
+// are cut wrong.
+func (i *Ingest) continuesStream(ctx context.Context, p *publisher, subject string, recs []*heraldv1.Record, skip uint32) (bool, error) {
+	if uint32(len(recs)) < skip || p.lastSeq < uint64(skip) {
+		return false, nil
+	}
+	for part := range skip {
+		seq := p.lastSeq - uint64(skip-1-part)
+		msg, err := i.stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // aged out: nothing to compare with
+		}
+		if err != nil {
+			i.m.failures.WithLabelValues("nats").Inc()
+			return false, fmt.Errorf("reading stream message %d: %w", seq, err)
+		}
+		written, err := stream.Decode(msg.Data)
+		if err != nil || msg.Subject != subject || !samePart(written, recs[part]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// samePart: a and b are the same part of one framing of a revision (when
+// each was observed aside).
+func samePart(a, b *heraldv1.Record) bool {
+	return a.Revision == b.Revision && a.Part == b.Part && a.Parts == b.Parts && !stream.IsMarker(a) &&
+		slices.EqualFunc(a.Changes, b.Changes, func(x, y *heraldv1.Change) bool { return proto.Equal(x, y) })
+}
 
 // publishEvents appends the events of one watch response, one record (or
 // several parts) per revision.
@@ -477,8 +519,21 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 			changes = append(changes, i.change(ev))
 		}
 		subject := stream.SubjectOf(i.reg, changes)
+		recs := stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now)
+		if rev == resumeRev && skipParts > 0 {
+			ok, err := i.continuesStream(ctx, p, subject, recs, skipParts)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				// The revision cannot be completed: readers drop its
+				// parts in the stream, and rebuild at the marker.
+				return i.resync(ctx, p, "reframed", "the stream ends inside a revision this replica frames otherwise",
+					"revision", rev, "partsWritten", skipParts, "parts", len(recs))
+			}
+		}
 		sctx, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, len(changes))
-		for _, rec := range stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now) {
+		for _, rec := range recs {
 			if rev == resumeRev && rec.Part < skipParts {
 				continue
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -122,8 +123,8 @@ func TestResumeAfterProgressMarker(t *testing.T) {
 func splitRevision(t *testing.T, e *testEtcd) (int64, map[string][]byte) {
 	t.Helper()
 	values := map[string][]byte{
-		"/registry/pods/default/big-a": bytes.Repeat([]byte("a"), 40<<10),
-		"/registry/pods/default/big-b": bytes.Repeat([]byte("b"), 150<<10),
+		"/registry/pods/default/big-a": counted("a", 40<<10),
+		"/registry/pods/default/big-b": counted("b", 150<<10),
 		"/registry/pods/default/small": []byte(`{"kind":"Pod"}`),
 	}
 	var ops []clientv3.Op
@@ -135,6 +136,29 @@ func splitRevision(t *testing.T, e *testEtcd) (int64, map[string][]byte) {
 		t.Fatal(err)
 	}
 	return resp.Header.Revision, values
+}
+
+// counted is n bytes that differ wherever they are cut: tag and a count,
+// over and over.
+func counted(tag string, n int) []byte {
+	var b []byte
+	for c := 0; len(b) < n; c++ {
+		b = fmt.Appendf(b, "%s%07d,", tag, c)
+	}
+	return b[:n]
+}
+
+// readBack reads the stream as a cache does (an Assembler) and returns the
+// changes of revision rev, if it reads back complete.
+func readBack(t *testing.T, js jetstream.JetStream, rev int64) ([]*heraldv1.Change, bool) {
+	t.Helper()
+	var asm stream.Assembler
+	for _, rec := range records(t, js) {
+		if changes, ok := asm.Add(rec); ok && rec.Revision == rev {
+			return changes, true
+		}
+	}
+	return nil, false
 }
 
 // crashInside appends the first parts of revision rev, as a leader that
@@ -208,20 +232,14 @@ func TestResumeInsideSplitRevision(t *testing.T) {
 			next := e.put(t, "p2")
 			want = ids(want, partIDs(split, 0, parts), revs(next))
 			waitIDs(t, n.js, want...)
-			if got := a.appended(); got != parts-written+1 {
-				t.Fatalf("the resuming leader appended %d records, want %d", got, parts-written+1)
-			}
+			a.waitAppended(t, parts-written+1)
 
-			var asm stream.Assembler
-			var whole []*heraldv1.Change
 			for _, rec := range records(t, n.js) {
 				if rec.Revision == split && rec.Parts != uint32(parts) {
 					t.Fatalf("part %d of %d says the revision has %d parts", rec.Part, split, rec.Parts)
 				}
-				if changes, ok := asm.Add(rec); ok && rec.Revision == split {
-					whole = changes
-				}
 			}
+			whole, _ := readBack(t, n.js, split)
 			if len(whole) != len(values) {
 				t.Fatalf("revision %d reads back with %d changes, want %d", split, len(whole), len(values))
 			}
@@ -231,6 +249,52 @@ func TestResumeInsideSplitRevision(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestResumeInsideReframedSplitRevision: the replica that resumes inside a
+// split revision frames it differently from the one that died (its
+// stream.max-message-bytes changed, or the framing rules did in an
+// upgrade): the parts it would append do not continue the ones in the
+// stream, and appended after them would read back as a revision with
+// values cut wrong. It appends a resync marker instead (readers drop the
+// incomplete revision and rebuild), and the next term resumes after it.
+func TestResumeInsideReframedSplitRevision(t *testing.T) {
+	n := startNATS(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	a := startReplica(t, e.url(), n.url, "a", "--stream.max-message-bytes=65536")
+	a.leads(t, 0)
+	start := e.revision(t)
+	first := e.put(t, "p1")
+	want := ids([]string{progressID(start)}, revs(first))
+	waitIDs(t, n.js, want...)
+	a.stop()
+	split, _ := splitRevision(t, e)
+	crashInside(t, e, n, split, 2, "--stream.max-message-bytes=65536")
+
+	a = startReplica(t, e.url(), n.url, "a", "--stream.max-message-bytes=131072")
+	resume, next := a.leads(t, 0)
+	if w := fmt.Sprintf("revision=%d skipParts=2 lastSequence=4", split); resume != w {
+		t.Fatalf("the leader resumes at %q, want %q", resume, w)
+	}
+	line, next := a.log.wait(t, next, "appending a resync marker")
+	_, after, _ := strings.Cut(line, "resyncRevision=")
+	resync, err := strconv.ParseInt(after, 10, 64)
+	if err != nil || resync < split {
+		t.Fatalf("resync marker at %q, want a revision from %d on", after, split)
+	}
+	want = ids(want, partIDs(split, 0, 2), []string{resyncID(resync)})
+	waitIDs(t, n.js, want...)
+	a.clock.Step(a.clock.nextTimer(t))
+	a.leads(t, next)
+	last := e.put(t, "p2")
+	waitIDs(t, n.js, ids(want, revs(last))...)
+	if changes, ok := readBack(t, n.js, split); ok {
+		t.Fatalf("the incomplete revision %d reads back, with %d changes", split, len(changes))
+	}
+	if got := testutil.ToFloat64(a.m.failures.WithLabelValues("reframed")); got != 1 {
+		t.Fatalf("herald_ingest_failures_total{cause=reframed} = %v, want 1", got)
 	}
 }
 
@@ -271,7 +335,7 @@ func TestResumeInsideCompactedSplitRevision(t *testing.T) {
 	if err != nil || resync < lost {
 		t.Fatalf("resync marker at %q, want a revision from %d on", after, lost)
 	}
-	a.log.wait(t, next, "leadership term ended; campaigning again", "resynced after compaction")
+	a.log.wait(t, next, "leadership term ended; campaigning again", "resuming after the resync marker")
 	want = ids(want, partIDs(split, 0, 1), []string{resyncID(resync)})
 	waitIDs(t, n.js, want...)
 
