@@ -7,7 +7,9 @@
 //     fails instead of interleaving.
 //   - Revisions are appended in etcd's order, each exactly once; a restart
 //     resumes after the last revision the stream holds (or inside it, for a
-//     revision split into parts). A stream that was appended to but holds
+//     revision split into parts, if it frames that revision as the parts
+//     already there; otherwise, as when etcd compacted the resume point, the
+//     stream gets a resync marker). A stream that was appended to but holds
 //     nothing (aged out, purged) has lost that revision: the new term starts
 //     with a resync marker, never a progress marker that would hide the
 //     changes nobody appended.
