@@ -2,7 +2,10 @@ package ingest
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,5 +155,121 @@ func TestElectionBackoff(t *testing.T) {
 	}
 	if want := []time.Duration{50 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
 		t.Fatalf("waits before campaigning again %v, want %v", waits, want)
+	}
+}
+
+// TestElectionPartitionedLeader: the leader is cut off from etcd (not from
+// NATS), so its lease really runs out on etcd's clock: the follower leads
+// and resumes right after the stream's last revision; the old leader, whose
+// keepalives get no answer, ends its term on its own, appends nothing more,
+// and once the link is back campaigns again as a follower.
+func TestElectionPartitionedLeader(t *testing.T) {
+	n := startNATS(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	link := newLink(t, e.client)
+	a := startReplica(t, "http://"+link.addr(), n.url, "a")
+	a.leads(t, 0)
+	start := e.revision(t)
+	waitIDs(t, n.js, progressID(start))
+	b := startReplica(t, e.url(), n.url, "b")
+	waitCandidates(t, e.cli, "a", "b")
+	first := e.puts(t, "p1")
+	want := ids([]string{progressID(start)}, revs(first...))
+	waitIDs(t, n.js, want...)
+	a.waitAppended(t, 2)
+
+	link.cut(true)
+	resume, _ := b.leads(t, 0)
+	if w := fmt.Sprintf("revision=%d skipParts=0 lastSequence=2", first[0]+1); resume != w {
+		t.Fatalf("the new leader resumes at %q, want %q", resume, w)
+	}
+	a.log.wait(t, 0, "leader lease lost")
+	a.log.wait(t, 0, "leadership term ended; campaigning again")
+	backoff := a.clock.nextTimer(t)
+	second := e.puts(t, "p2", "p3")
+	want = ids(want, revs(second...))
+	waitIDs(t, n.js, want...)
+	b.waitAppended(t, len(second))
+	if a.appended() != 2 {
+		t.Fatalf("the partitioned leader appended %d records after it was cut off", a.appended()-2)
+	}
+
+	link.cut(false)
+	a.clock.Step(backoff)
+	waitCandidates(t, e.cli, "b", "a")
+	third := e.puts(t, "p4")
+	waitIDs(t, n.js, ids(want, revs(third...))...)
+	b.waitAppended(t, len(second)+len(third))
+	if a.appended() != 2 {
+		t.Fatalf("the old leader, following again, appended %d records", a.appended()-2)
+	}
+}
+
+// link is a TCP proxy to one server that a test can cut (every connection
+// through it closed, new ones refused) and restore: a network partition
+// between one process and that server.
+type link struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  map[net.Conn]bool
+}
+
+func newLink(t *testing.T, target string) *link {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &link{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	t.Cleanup(func() { ln.Close(); l.cut(true) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go l.carry(c)
+		}
+	}()
+	return l
+}
+
+func (l *link) addr() string { return l.ln.Addr().String() }
+
+// carry copies between c and a new connection to the target until either
+// closes or the link is cut.
+func (l *link) carry(c net.Conn) {
+	s, err := net.Dial("tcp", l.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	l.mu.Lock()
+	if l.down {
+		l.mu.Unlock()
+		c.Close()
+		s.Close()
+		return
+	}
+	l.conns[c], l.conns[s] = true, true
+	l.mu.Unlock()
+	go func() { io.Copy(s, c); s.Close() }()
+	io.Copy(c, s)
+	c.Close()
+}
+
+// cut cuts the link (down) or restores it.
+func (l *link) cut(down bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.down = down
+	if down {
+		for c := range l.conns {
+			c.Close()
+		}
+		clear(l.conns)
 	}
 }
