@@ -197,7 +197,9 @@ func TestElectionPartitionedLeader(t *testing.T) {
 
 	link.cut(false)
 	a.clock.Step(backoff)
-	waitCandidates(t, e.cli, "b", "a")
+	// Its etcd client may still be reconnecting through the restored
+	// link: a term that fails to reach etcd waits another backoff.
+	a.clock.stepUntil(t, "a campaigns again", func() bool { return slices.Equal(candidates(t, e.cli), []string{"b", "a"}) })
 	third := e.puts(t, "p4")
 	waitIDs(t, n.js, ids(want, revs(third...))...)
 	b.waitAppended(t, len(second)+len(third))

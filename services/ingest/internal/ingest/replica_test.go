@@ -83,13 +83,19 @@ func (c *testClock) nextTicker(t *testing.T) time.Duration {
 	}
 }
 
-// noTimer checks that no timer was armed since the last nextTimer.
-func (c *testClock) noTimer(t *testing.T) {
+// stepUntil steps the clock through every timer the replica arms (its
+// backoffs) until cond holds, for up to 20 s.
+func (c *testClock) stepUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	select {
-	case d := <-c.timers:
-		t.Fatalf("a timer of %v armed", d)
-	default:
+	deadline := time.After(20 * time.Second)
+	for !cond() {
+		select {
+		case d := <-c.timers:
+			c.Step(d)
+		case <-time.After(20 * time.Millisecond): // cond is polled; nothing to wait on
+		case <-deadline:
+			t.Fatalf("after 20s, not yet: %s", what)
+		}
 	}
 }
 
