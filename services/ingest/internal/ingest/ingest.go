@@ -7,7 +7,9 @@
 //     fails instead of interleaving.
 //   - Revisions are appended in etcd's order, each exactly once; a restart
 //     resumes after the last revision the stream holds (or inside it, for a
-//     revision split into parts). A stream that was appended to but holds
+//     revision split into parts, if it frames that revision as the parts
+//     already there; otherwise, as when etcd compacted the resume point, the
+//     stream gets a resync marker). A stream that was appended to but holds
 //     nothing (aged out, purged) has lost that revision: the new term starts
 //     with a resync marker, never a progress marker that would hide the
 //     changes nobody appended.
@@ -27,6 +29,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -38,6 +41,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/clock"
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
@@ -70,10 +75,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		etcdRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_etcd_revision", Help: "The latest etcd revision seen in a watch response header."}),
 		leader:        f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_leader", Help: "1 while this process is the publishing leader."}),
 		fragmented:    f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_fragmented_changes_total", Help: "Changes larger than one stream message (stream.max-message-bytes), appended in fragments over several parts."}),
-		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted)."}, []string{"cause"}),
+		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted, reframed)."}, []string{"cause"}),
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
-		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, or the stream emptied)."}),
+		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, the stream emptied, or the stream ends inside a revision framed otherwise)."}),
 		generation:    generationGauge(reg),
 	}
 }
@@ -87,6 +92,8 @@ type Ingest struct {
 	id  string
 	// tracer: nil when tracing is off (see WithTracer).
 	tracer trace.Tracer
+	// clock: the wall clock unless WithClock gave another.
+	clock clock.WithTicker
 
 	etcd   *clientv3.Client
 	nc     *nats.Conn
@@ -101,6 +108,9 @@ type Ingest struct {
 	// gen is the stream's generation, as the leader checked it
 	// (generation.go).
 	gen atomic.Int64
+	// appends counts the records this replica appended (Run's goroutine
+	// only): a term that moved it succeeded, whatever ended it.
+	appends uint64
 }
 
 // New validates cfg and creates a replica; Run connects and runs it.
@@ -115,7 +125,8 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 	host, _ := os.Hostname()
 	i := &Ingest{
 		cfg: cfg, log: log, reg: reg, m: newMetrics(promReg),
-		id: host + "/" + strconv.Itoa(os.Getpid()),
+		id:    host + "/" + strconv.Itoa(os.Getpid()),
+		clock: clock.RealClock{},
 	}
 	for _, o := range opts {
 		o(i)
@@ -172,30 +183,37 @@ func (i *Ingest) Run(ctx context.Context) error {
 			if err != nil {
 				i.log.Warn("cannot create or update the stream; retrying", "stream", i.cfg.Stream, "err", err, "backoff", backoff)
 				i.stream = nil
-				backoff = sleep(ctx, backoff)
+				backoff = i.sleep(ctx, backoff)
 				continue
 			}
 			i.ready.Store(true)
 		}
+		appends := i.appends
 		err = i.term(ctx)
 		if ctx.Err() != nil {
 			break
 		}
-		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
-		backoff = sleep(ctx, backoff)
-		if err == nil {
+		if i.appends != appends {
+			// The term appended: the failure that ended it (a lost
+			// lease, a resync) is the first of its kind, not one more
+			// of a series, which would keep even the only replica off
+			// the stream for up to 10 s.
 			backoff = i.cfg.RetryBackoff
 		}
+		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
+		backoff = i.sleep(ctx, backoff)
 	}
 	return nil
 }
 
-func sleep(ctx context.Context, d time.Duration) time.Duration {
-	t := time.NewTimer(d)
+// sleep waits d on the replica's clock (or until ctx ends) and returns the
+// next backoff.
+func (i *Ingest) sleep(ctx context.Context, d time.Duration) time.Duration {
+	t := i.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-t.C():
 	}
 	return min(2*d, 10*time.Second)
 }
@@ -283,7 +301,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 		return err
 	}
 	msgID := p.i.msgID(rec)
-	start := time.Now()
+	start := p.i.clock.Now()
 	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
 		jetstream.WithMsgID(msgID),
 		jetstream.WithExpectStream(p.i.cfg.Stream),
@@ -302,9 +320,10 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 		p.i.m.failures.WithLabelValues("fenced").Inc()
 		return fmt.Errorf("%w: message %s already in the stream", errFenced, msgID)
 	}
-	p.i.m.publishTime.Observe(time.Since(start).Seconds())
+	p.i.m.publishTime.Observe(p.i.clock.Since(start).Seconds())
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
+	p.i.appends++
 	p.i.m.lastRev.Set(float64(rec.Revision))
 	if stream.IsMarker(rec) {
 		p.i.m.records.WithLabelValues("progress").Inc()
@@ -371,16 +390,16 @@ func (i *Ingest) lead(ctx context.Context) error {
 	defer wcancel()
 	wch := i.etcd.Watch(wctx, i.reg.Prefix()+"/",
 		clientv3.WithPrefix(), clientv3.WithRev(startRev), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
-	ticker := time.NewTicker(i.cfg.ProgressInterval)
+	ticker := i.clock.NewTicker(i.cfg.ProgressInterval)
 	defer ticker.Stop()
 	lastProgress := p.lastRev
 	var lastRequest time.Time
 	requestProgress := func() {
 		// Coalesce: etcd answers every request with a notification.
-		if time.Since(lastRequest) < 20*time.Millisecond {
+		if i.clock.Since(lastRequest) < 20*time.Millisecond {
 			return
 		}
-		lastRequest = time.Now()
+		lastRequest = i.clock.Now()
 		if err := i.etcd.RequestProgress(wctx); err != nil {
 			i.log.Debug("progress request failed", "err", err)
 		}
@@ -389,7 +408,7 @@ func (i *Ingest) lead(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-ticker.C:
+		case <-ticker.C():
 			requestProgress()
 		case <-progressReq:
 			requestProgress()
@@ -399,7 +418,10 @@ func (i *Ingest) lead(ctx context.Context) error {
 				return errors.New("etcd watch closed")
 			}
 			if resp.CompactRevision != 0 {
-				return i.resync(ctx, p, resp.CompactRevision)
+				// The history between the stream's last revision and
+				// etcd's compaction is gone.
+				return i.resync(ctx, p, "compacted", "resume revision was compacted",
+					"resumeAfter", p.lastRev, "compactRevision", resp.CompactRevision)
 			}
 			if err := resp.Err(); err != nil {
 				i.etcdOK.Store(false)
@@ -426,31 +448,68 @@ func (i *Ingest) lead(ctx context.Context) error {
 	}
 }
 
-// resync handles a compacted resume point: the history between the stream's
-// last revision and etcd's compaction is gone, so the stream gets a resync
-// marker at etcd's current revision (consumers rebuild from an etcd snapshot
-// at or after it) and the next term resumes right after it.
-func (i *Ingest) resync(ctx context.Context, p *publisher, compacted int64) error {
+// resync handles a lost resume point (cause: the failure it counts as; why
+// and args: the log's account of it): the stream gets a resync marker at
+// etcd's current revision (consumers rebuild from an etcd snapshot at or
+// after it) and the next term resumes right after it.
+func (i *Ingest) resync(ctx context.Context, p *publisher, cause, why string, args ...any) error {
 	rev, err := stream.CurrentRevision(ctx, i.etcd)
 	if err != nil {
 		i.m.failures.WithLabelValues("etcd").Inc()
 		return fmt.Errorf("resync: %w", err)
 	}
-	i.log.Warn("resume revision was compacted; appending a resync marker", "resumeAfter", p.lastRev, "compactRevision", compacted, "resyncRevision", rev)
+	i.log.Warn(why+"; appending a resync marker", append(args, "resyncRevision", rev)...)
 	if err := p.publishMarker(ctx, stream.Resync(rev)); err != nil {
 		return err
 	}
 	i.m.resyncs.Inc()
-	i.m.failures.WithLabelValues("compacted").Inc()
+	i.m.failures.WithLabelValues(cause).Inc()
 	return errResynced
 }
 
-var errResynced = errors.New("resynced after compaction; resuming after the marker")
+var errResynced = errors.New("resume point lost; resuming after the resync marker")
+
+// continuesStream reports whether recs, this replica's parts of the
+// revision the stream ends inside, begin with the skip parts the stream
+// holds (its last messages, up to p.lastSeq) on subject: only then do the
+// other parts complete that revision. Framed otherwise (another
+// stream.max-message-bytes, framing rules changed by an upgrade, another
+// resources file), they would cut the revision's changes elsewhere or land
+// on another subject, and a reader would assemble a revision whose values
+// are cut wrong.
+func (i *Ingest) continuesStream(ctx context.Context, p *publisher, subject string, recs []*heraldv1.Record, skip uint32) (bool, error) {
+	if uint32(len(recs)) < skip || p.lastSeq < uint64(skip) {
+		return false, nil
+	}
+	for part := range skip {
+		seq := p.lastSeq - uint64(skip-1-part)
+		msg, err := i.stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // aged out: nothing to compare with
+		}
+		if err != nil {
+			i.m.failures.WithLabelValues("nats").Inc()
+			return false, fmt.Errorf("reading stream message %d: %w", seq, err)
+		}
+		written, err := stream.Decode(msg.Data)
+		if err != nil || msg.Subject != subject || !samePart(written, recs[part]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// samePart: a and b are the same part of one framing of a revision (when
+// each was observed aside).
+func samePart(a, b *heraldv1.Record) bool {
+	return a.Revision == b.Revision && a.Part == b.Part && a.Parts == b.Parts && !stream.IsMarker(a) &&
+		slices.EqualFunc(a.Changes, b.Changes, func(x, y *heraldv1.Change) bool { return proto.Equal(x, y) })
+}
 
 // publishEvents appends the events of one watch response, one record (or
 // several parts) per revision.
 func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clientv3.Event, resumeRev int64, skipParts uint32) error {
-	now := time.Now().UnixNano()
+	now := i.clock.Now().UnixNano()
 	for start := 0; start < len(events); {
 		rev := events[start].Kv.ModRevision
 		end := start
@@ -462,8 +521,21 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 			changes = append(changes, i.change(ev))
 		}
 		subject := stream.SubjectOf(i.reg, changes)
+		recs := stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now)
+		if rev == resumeRev && skipParts > 0 {
+			ok, err := i.continuesStream(ctx, p, subject, recs, skipParts)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				// The revision cannot be completed: readers drop its
+				// parts in the stream, and rebuild at the marker.
+				return i.resync(ctx, p, "reframed", "the stream ends inside a revision this replica frames otherwise",
+					"revision", rev, "partsWritten", skipParts, "parts", len(recs))
+			}
+		}
 		sctx, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, len(changes))
-		for _, rec := range stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now) {
+		for _, rec := range recs {
 			if rev == resumeRev && rec.Part < skipParts {
 				continue
 			}
