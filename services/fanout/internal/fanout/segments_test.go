@@ -15,34 +15,34 @@ import (
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // segmentRecorder is a session stream's ResponseWriter that records each
 // WriteSegments.
 type segmentRecorder struct {
 	h      http.Header
-	writes [][]watchmux.Segment
+	writes [][]watchsession.Segment
 }
 
 func (w *segmentRecorder) Header() http.Header { return w.h }
 func (w *segmentRecorder) WriteHeader(int)     {}
 func (w *segmentRecorder) Flush()              {}
 func (w *segmentRecorder) Write(b []byte) (int, error) {
-	w.writes = append(w.writes, []watchmux.Segment{{B: bytes.Clone(b)}})
+	w.writes = append(w.writes, []watchsession.Segment{{B: bytes.Clone(b)}})
 	return len(b), nil
 }
 
 func (w *segmentRecorder) Session() uint64 { return 1 }
 
-func (w *segmentRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error) {
+func (w *segmentRecorder) TryWriteSegments(segs []watchsession.Segment) (bool, error) {
 	_, err := w.WriteSegments(segs)
 	return true, err
 }
 
-func (w *segmentRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
+func (w *segmentRecorder) WriteSegments(segs []watchsession.Segment) (int, error) {
 	n := 0
-	rec := make([]watchmux.Segment, len(segs))
+	rec := make([]watchsession.Segment, len(segs))
 	for i, sg := range segs {
 		rec[i] = sg
 		if !sg.Shared {

@@ -37,8 +37,8 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/libs/watchsession"
 )
 
 type metrics struct {
@@ -751,15 +751,15 @@ type stream struct {
 	out     *[]byte
 	batches *sync.Pool
 
-	// sw: the stream of a session (watchmux), uncompressed: a batch is
+	// sw: the stream of a session (libs/watchsession), uncompressed: a batch is
 	// written as segments, the hub's events' encodings by reference, so
 	// that the session sends each once however many of its watches write
 	// it. parts is then the batch (its own bytes in out), segs the
 	// segments given to sw. pending: the batch's bytes.
-	sw      watchmux.SegmentWriter
+	sw      watchsession.SegmentWriter
 	parts   []part
 	pending int
-	segs    []watchmux.Segment
+	segs    []watchsession.Segment
 	// try: the stream's pacer is writing it, and must not wait
 	// (TryWriteSegments). blocked: a write found no room, and the batch
 	// (parts, out) waits, growing, until the watch's goroutine writes it
@@ -779,10 +779,10 @@ type part struct {
 }
 
 // segmentWriter returns w's SegmentWriter, if it or one it wraps is one.
-func segmentWriter(w http.ResponseWriter) watchmux.SegmentWriter {
+func segmentWriter(w http.ResponseWriter) watchsession.SegmentWriter {
 	for {
 		switch x := w.(type) {
-		case watchmux.SegmentWriter:
+		case watchsession.SegmentWriter:
 			return x
 		case interface{ Unwrap() http.ResponseWriter }:
 			w = x.Unwrap()
@@ -854,9 +854,9 @@ func (st *stream) writeParts() {
 	segs := st.segs[:0]
 	for _, p := range st.parts {
 		if p.shared != nil {
-			segs = append(segs, watchmux.Segment{B: p.shared, Shared: true})
+			segs = append(segs, watchsession.Segment{B: p.shared, Shared: true})
 		} else {
-			segs = append(segs, watchmux.Segment{B: (*st.out)[p.from:p.to]})
+			segs = append(segs, watchsession.Segment{B: (*st.out)[p.from:p.to]})
 		}
 	}
 	switch {

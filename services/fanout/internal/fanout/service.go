@@ -13,7 +13,7 @@ import (
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // Bounds of the internal watch server.
@@ -68,8 +68,8 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	}
 	p.Admin.AddReadyCheck("cache-connection", conns.Connected)
 	// Frontdoor carries many watches over one stream of a session
-	// (watchmux); a frontdoor without sessions asks for each on its own.
-	sessions := &watchmux.Server{Handler: handler, Log: p.Log}
+	// (libs/watchsession); a frontdoor without sessions asks for each on its own.
+	sessions := &watchsession.Server{Handler: handler, Log: p.Log}
 	promauto.With(p.Admin.Registry).NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_fanout_watchmux_shared_bytes",
 		Help: "Bytes of events shared by several watches that frontdoor's sessions keep, at each end, for watches to refer to (up to the window frontdoor asks for; forgotten after 30-45 s unused)."},
 		func() float64 { return float64(sessions.SharedBytes()) })

@@ -29,7 +29,7 @@ import (
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // testCA is a certificate authority for tests.
@@ -232,10 +232,10 @@ func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOn
 
 // fanoutFake is a stand-in fanout replica speaking what the real one does:
 // HTTP/1.1 and HTTP/2 without TLS (h2c), h serving every watch on its own
-// HTTP/2 stream or as a stream of a session (watchmux).
+// HTTP/2 stream or as a stream of a session (libs/watchsession).
 type fanoutFake struct {
 	*httptest.Server
-	sessions *watchmux.Server // nil: a replica without sessions
+	sessions *watchsession.Server // nil: a replica without sessions
 	// ownStream: the requests h served that came on their own HTTP/2
 	// stream; served: all it served (the rest came as streams of a
 	// session).
@@ -289,11 +289,11 @@ func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
 	// stream; a session's streams go from the session to counted.
 	var root http.Handler
 	if sessions {
-		f.sessions = &watchmux.Server{Handler: counted}
+		f.sessions = &watchsession.Server{Handler: counted}
 		root = f.sessions
 	} else {
 		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == watchmux.Path {
+			if r.URL.Path == watchsession.Path {
 				http.NotFound(w, r) // no sessions here
 				return
 			}
@@ -301,7 +301,7 @@ func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
 		})
 	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != watchmux.Path {
+		if r.URL.Path != watchsession.Path {
 			f.ownStream.Add(1)
 		}
 		root.ServeHTTP(w, r)

@@ -29,8 +29,8 @@ import (
 	"herald.dev/libs/kube"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/libs/watchsession"
 )
 
 // Identity headers on the internal hop to fanout, kube-apiserver's
@@ -141,7 +141,7 @@ func (p *fanoutPool) shutdown() {
 }
 
 // sessionStreams is the watches a session to a replica carries (see
-// watchmux): each session has one writer in fanout and one reader here.
+// watchsession): each session has one writer in fanout and one reader here.
 const sessionStreams = 500
 
 // copyBufferSize is the size of the buffer a watch borrows to copy what
@@ -307,9 +307,9 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 		// proxy must not add its own Accept-Encoding.
 		DisableCompression: true,
 	}
-	// Watches go as streams of sessions (watchmux), one HTTP/2 stream
+	// Watches go as streams of sessions (libs/watchsession), one HTTP/2 stream
 	// carrying many; to a replica without sessions, each on its own.
-	sessions := &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
+	sessions := &watchsession.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
 	m.sessions.Store(sessions)
 	p.transport = sessions
 	p.streams = map[net.Conn]context.CancelFunc{}
@@ -605,7 +605,7 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 	}
 	setIdentity(out.Header, at.user)
 	p.rewriteTrace(out)
-	// The HTTP/2 transport (watchmux's fallback) keeps the request for the
+	// The HTTP/2 transport (the sessions' fallback) keeps the request for the
 	// watch's life: its headers are copied anew, so that the values
 	// dropped above (the client's credential: a service account's token is
 	// ~1 KB) are not kept with them.

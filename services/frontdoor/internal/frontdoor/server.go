@@ -75,8 +75,8 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/libs/watchsession"
 )
 
 type metrics struct {
@@ -94,7 +94,7 @@ type metrics struct {
 	olderThanWindow *prometheus.CounterVec
 	forwarded       *prometheus.CounterVec
 	// sessions: the fanout pool's, once it exists (its shared bytes).
-	sessions atomic.Pointer[watchmux.Client]
+	sessions atomic.Pointer[watchsession.Client]
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -18,8 +18,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"herald.dev/libs/service"
 )
 
 // blobs returns n distinct shared byte slices of size bytes each.
@@ -184,7 +182,7 @@ func TestSharedSegments(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const streams = 8
 			srv, _ := serve(t, true, segmented(tc.shared, tc.writes))
-			wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
+			wc := &wireCounter{rt: &http.Transport{Protocols: clientProtocols()}}
 			c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: tc.window}
 			t.Cleanup(c.Close)
 			body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, tc.shared, tc.writes) })
@@ -204,7 +202,7 @@ func TestSharedNeedsBothEnds(t *testing.T) {
 	const streams, writes = 4, 50
 	shared := blobs(3, 1000)
 	srv, _ := serve(t, true, segmented(shared, writes))
-	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropShared: true}
+	wc := &wireCounter{rt: &http.Transport{Protocols: clientProtocols()}, dropShared: true}
 	c := &Client{Transport: wc, MaxStreams: streams}
 	t.Cleanup(c.Close)
 	body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
@@ -244,7 +242,7 @@ func TestSharedWindowBounds(t *testing.T) {
 			if tc.asked != "" {
 				req.Header.Set(SharedWindowHeader, tc.asked)
 			}
-			tr := &http.Transport{Protocols: service.ClientProtocols()}
+			tr := &http.Transport{Protocols: clientProtocols()}
 			defer tr.CloseIdleConnections()
 			resp, err := tr.RoundTrip(req)
 			if err != nil {
@@ -300,7 +298,7 @@ func TestSharedWindowOlderServer(t *testing.T) {
 	wire := map[bool]int64{}
 	for _, older := range []bool{false, true} {
 		srv, _ := serve(t, true, segmented(shared, writes))
-		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropWindow: older}
+		wc := &wireCounter{rt: &http.Transport{Protocols: clientProtocols()}, dropWindow: older}
 		c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: 4 << 20}
 		readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
 		c.Close()
@@ -648,7 +646,7 @@ func TestSharedForgottenWhileIdle(t *testing.T) {
 			}
 		})}
 		srv := serveHandler(t, mux, mux)
-		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropForget: older}
+		wc := &wireCounter{rt: &http.Transport{Protocols: clientProtocols()}, dropForget: older}
 		c := &Client{Transport: wc, MaxStreams: streams}
 		t.Cleanup(c.Close)
 		var body atomic.Int64
@@ -717,7 +715,7 @@ func TestSharedWaitsForCredit(t *testing.T) {
 			sent += len(b)
 		}
 	}))
-	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
+	wc := &wireCounter{rt: &http.Transport{Protocols: clientProtocols()}}
 	c := &Client{Transport: wc, MaxStreams: 8}
 	t.Cleanup(c.Close)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
@@ -774,7 +772,7 @@ func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 			}
 		}
 	}))
-	c := &Client{Transport: &http.Transport{Protocols: service.ClientProtocols()}, MaxStreams: 8}
+	c := &Client{Transport: &http.Transport{Protocols: clientProtocols()}, MaxStreams: 8}
 	t.Cleanup(c.Close)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	defer resp.Body.Close()

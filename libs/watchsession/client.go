@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -17,10 +17,10 @@ import (
 )
 
 // errNoSessions: the replica has no session endpoint (an older one).
-var errNoSessions = errors.New("watchmux: the server has no sessions")
+var errNoSessions = errors.New("watchsession: the server has no sessions")
 
 // errSessionEnded is a stream's error when its session ended under it.
-var errSessionEnded = errors.New("watchmux: session ended")
+var errSessionEnded = errors.New("watchsession: session ended")
 
 // Client is an http.RoundTripper that carries GET requests without a body
 // as streams of sessions, MaxStreams to a session, and passes everything
@@ -167,11 +167,11 @@ func (c *Client) open(key string, srv *server, op *opening) {
 		resp, err = c.Transport.RoundTrip(req)
 		switch {
 		case !timer.Stop():
-			err = fmt.Errorf("watchmux: no session within %s", timeout)
+			err = fmt.Errorf("watchsession: no session within %s", timeout)
 		case err != nil:
 		case resp.StatusCode == http.StatusServiceUnavailable:
 			// A replica stopping: tried again with the next watch.
-			err = fmt.Errorf("watchmux: session refused (%s)", resp.Status)
+			err = fmt.Errorf("watchsession: session refused (%s)", resp.Status)
 		case resp.StatusCode != http.StatusOK || resp.ProtoMajor < 2 || resp.Header.Get("Content-Type") != ContentType:
 			err = fmt.Errorf("%w (%s)", errNoSessions, resp.Status)
 		case resp.Header.Get(SharedHeader) == "1":
@@ -194,7 +194,7 @@ func (c *Client) open(key string, srv *server, op *opening) {
 		op.s = s
 		go s.read(resp.Body)
 	case errors.Is(err, errNoSessions):
-		c.logger().Info("watchmux: server has no sessions, asking it without", "server", key, "for", c.retry(), "err", err)
+		c.logger().Info("watchsession: server has no sessions, asking it without", "server", key, "for", c.retry(), "err", err)
 		srv.without = time.Now().Add(c.retry())
 	}
 	op.err = err
@@ -261,7 +261,7 @@ func (c *Client) logger() *slog.Logger {
 }
 
 // errFull: the session has no room for another stream.
-var errFull = errors.New("watchmux: session full")
+var errFull = errors.New("watchsession: session full")
 
 // clientSession is one session on the client.
 type clientSession struct {
@@ -291,7 +291,7 @@ type clientSession struct {
 }
 
 // errIdle ends a session that had no streams for sessionIdle.
-var errIdle = errors.New("watchmux: session idle")
+var errIdle = errors.New("watchsession: session idle")
 
 // removeLocked forgets stream id, and arms the idle timer when it was the
 // last.
@@ -354,7 +354,7 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	head.WriteString("\r\n")
 	if head.Len() > maxHead {
-		return nil, fmt.Errorf("watchmux: request head of %d bytes (limit %d)", head.Len(), maxHead)
+		return nil, fmt.Errorf("watchsession: request head of %d bytes (limit %d)", head.Len(), maxHead)
 	}
 	ctx := req.Context()
 	st := &clientStream{s: s, ctx: ctx, wake: make(chan struct{}, 1)}
@@ -415,7 +415,7 @@ func (s *clientSession) read(body io.ReadCloser) {
 	if err == nil || errors.Is(err, io.EOF) {
 		err = errSessionEnded
 	} else if errors.Is(err, errProtocol) {
-		s.c.logger().Warn("watchmux session ended", "server", s.key, "err", err)
+		s.c.logger().Warn("watchsession: session ended", "server", s.key, "err", err)
 	}
 	s.c.drop(s)
 	s.mu.Lock()
@@ -534,7 +534,7 @@ func (s *clientSession) readFrames(br *bufio.Reader) error {
 			if st != nil {
 				end := io.EOF
 				if n > 0 {
-					end = fmt.Errorf("watchmux: stream ended: %s", payload)
+					end = fmt.Errorf("watchsession: stream ended: %s", payload)
 				}
 				st.end(end)
 			}
@@ -687,7 +687,7 @@ func (st *clientStream) Read(p []byte) (int, error) {
 		st.mu.Lock()
 		if st.closed {
 			st.mu.Unlock()
-			return 0, errors.New("watchmux: read of a closed body")
+			return 0, errors.New("watchsession: read of a closed body")
 		}
 		if st.buffered > 0 {
 			if len(p) == 0 {

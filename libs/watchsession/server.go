@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -61,7 +61,7 @@ func (s *Server) Shutdown() {
 }
 
 // errServerClosed ends the sessions of a closed server.
-var errServerClosed = errors.New("watchmux: server closed")
+var errServerClosed = errors.New("watchsession: server closed")
 
 // Close ends every session now, and their streams' requests' contexts; a
 // session asked for afterwards gets 503.
@@ -89,7 +89,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodPost || r.ProtoMajor < 2 {
 		// A session needs a full-duplex stream.
-		http.Error(w, "watchmux: POST over HTTP/2 only", http.StatusMethodNotAllowed)
+		http.Error(w, "watchsession: POST over HTTP/2 only", http.StatusMethodNotAllowed)
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Context())
@@ -103,7 +103,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		window, err := parseWindow(asked)
 		if err != nil {
 			cancel()
-			s.logger().Warn("watchmux session refused", "remote", r.RemoteAddr, "err", err)
+			s.logger().Warn("watchsession: session refused", "remote", r.RemoteAddr, "err", err)
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -120,7 +120,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.closing {
 		s.mu.Unlock()
 		cancel()
-		http.Error(w, "watchmux: shutting down", http.StatusServiceUnavailable)
+		http.Error(w, "watchsession: shutting down", http.StatusServiceUnavailable)
 		return
 	}
 	if s.sessions == nil {
@@ -429,7 +429,7 @@ func (ss *session) read(body io.Reader) {
 	br := bufio.NewReaderSize(body, 16<<10)
 	err := ss.readFrames(br)
 	if err != nil && !errors.Is(err, io.EOF) && ss.ctx.Err() == nil {
-		ss.srv.logger().Warn("watchmux session ended", "remote", ss.remote, "err", err)
+		ss.srv.logger().Warn("watchsession: session ended", "remote", ss.remote, "err", err)
 	}
 	ss.mu.Lock()
 	ss.readEnd = true
@@ -513,7 +513,7 @@ func (ss *session) open(id uint32, head []byte) error {
 		// Shutting down: the request fails at once (no head), and the
 		// client retries it on another replica.
 		ss.mu.Unlock()
-		st.end("watchmux: the server is shutting down")
+		st.end("watchsession: the server is shutting down")
 		return nil
 	}
 	if ss.finished || ss.err != nil {
@@ -580,7 +580,7 @@ func (st *stream) serve(req *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v != http.ErrAbortHandler {
-					ss.srv.logger().Error("watchmux: handler panicked", "stream", st.id, "panic", v)
+					ss.srv.logger().Error("watchsession: handler panicked", "stream", st.id, "panic", v)
 				}
 				end = fmt.Sprint(v)
 			}
@@ -637,7 +637,7 @@ func (st *stream) WriteHeader(code int) {
 	ss := st.ss
 	if head.Len() > maxHead {
 		// The client would end the session: this stream fails alone.
-		ss.srv.logger().Error("watchmux: response head too large", "stream", st.id, "bytes", head.Len())
+		ss.srv.logger().Error("watchsession: response head too large", "stream", st.id, "bytes", head.Len())
 		st.cancel()
 		return
 	}

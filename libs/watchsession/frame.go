@@ -1,4 +1,4 @@
-// Package watchmux carries many watch responses from a fanout replica to
+// Package watchsession carries many watch responses from a fanout replica to
 // frontdoor over one HTTP/2 stream (a session), instead of one HTTP/2
 // stream each.
 //
@@ -53,7 +53,7 @@
 // so a client that does not read stops its own watch (its fanout watcher
 // falls behind and is closed once the ring passes it, as on HTTP/2) and no
 // other.
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -192,7 +192,7 @@ func parseWindow(v string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < DefaultSharedWindow || n > MaxSharedWindow {
-		return 0, fmt.Errorf("watchmux: shared window %q is not a number of bytes from %d to %d", v, DefaultSharedWindow, MaxSharedWindow)
+		return 0, fmt.Errorf("watchsession: shared window %q is not a number of bytes from %d to %d", v, DefaultSharedWindow, MaxSharedWindow)
 	}
 	return n, nil
 }
@@ -284,7 +284,7 @@ func (s *sharedBytes) get(n uint32) ([]byte, bool) {
 }
 
 // errProtocol is a session's peer breaking the framing: the session ends.
-var errProtocol = errors.New("watchmux: protocol error")
+var errProtocol = errors.New("watchsession: protocol error")
 
 // appendFrame appends a frame to b.
 func appendFrame(b []byte, t frameType, id uint32, payload []byte) []byte {

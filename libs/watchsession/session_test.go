@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -16,8 +16,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"herald.dev/libs/service"
 )
 
 // serve starts an h2c server (as a fanout replica's) whose sessions serve
@@ -36,7 +34,7 @@ func serve(t *testing.T, sessions bool, h http.Handler) (*httptest.Server, *Serv
 func serveHandler(t *testing.T, root http.Handler, mux *Server) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(root)
-	srv.Config.Protocols = service.ServerProtocols()
+	srv.Config.Protocols = serverProtocols()
 	if mux != nil {
 		srv.Config.RegisterOnShutdown(mux.Shutdown)
 	}
@@ -46,7 +44,7 @@ func serveHandler(t *testing.T, root http.Handler, mux *Server) *httptest.Server
 }
 
 func client(t *testing.T, maxStreams int) (*Client, *countingTransport) {
-	ct := &countingTransport{rt: &http.Transport{Protocols: service.ClientProtocols()}}
+	ct := &countingTransport{rt: &http.Transport{Protocols: clientProtocols()}}
 	c := &Client{Transport: ct, MaxStreams: maxStreams, Retry: time.Hour}
 	t.Cleanup(c.Close)
 	return c, ct
@@ -347,7 +345,7 @@ func TestConnectionLost(t *testing.T) {
 		<-r.Context().Done()
 	})}
 	srv.Config.Handler = mux
-	srv.Config.Protocols = service.ServerProtocols()
+	srv.Config.Protocols = serverProtocols()
 	conns.Listener = srv.Listener
 	srv.Listener = conns
 	srv.Start()
@@ -429,7 +427,7 @@ func TestServerWithoutSessions(t *testing.T) {
 // came; a GET at Path is not a session.
 func TestOtherPathsGoToHandler(t *testing.T) {
 	srv, _ := serve(t, true, lines(2))
-	rt := &http.Transport{Protocols: service.ClientProtocols()}
+	rt := &http.Transport{Protocols: clientProtocols()}
 	t.Cleanup(rt.CloseIdleConnections)
 	for _, tc := range []struct {
 		method, path string
@@ -437,7 +435,7 @@ func TestOtherPathsGoToHandler(t *testing.T) {
 		body         string
 	}{
 		{http.MethodGet, "/api/v1/pods?name=a", http.StatusOK, "a 0 \na 1 x\n"},
-		{http.MethodGet, Path, http.StatusMethodNotAllowed, "watchmux: POST over HTTP/2 only\n"},
+		{http.MethodGet, Path, http.StatusMethodNotAllowed, "watchsession: POST over HTTP/2 only\n"},
 	} {
 		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
 		if err != nil {
@@ -510,7 +508,7 @@ func TestBadFrames(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := serve(t, true, lines(1))
-			tr := &http.Transport{Protocols: service.ClientProtocols()}
+			tr := &http.Transport{Protocols: clientProtocols()}
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+Path, bytes.NewReader(tc.frame))
 			resp, err := tr.RoundTrip(req)
 			if err != nil {
@@ -523,4 +521,21 @@ func TestBadFrames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serverProtocols and clientProtocols are fanout's and frontdoor's
+// (libs/service): h2c in plaintext.
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
+}
+
+func clientProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
