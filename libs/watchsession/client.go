@@ -2,39 +2,39 @@ package watchsession
 
 import (
 	"bufio"
-	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// errNoSessions: the replica has no session endpoint (an older one).
-var errNoSessions = errors.New("watchsession: the server has no sessions")
+	"google.golang.org/protobuf/proto"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
+)
 
 // errSessionEnded is a stream's error when its session ended under it.
 var errSessionEnded = errors.New("watchsession: session ended")
 
-// Client is an http.RoundTripper that carries GET requests without a body
-// as streams of sessions, MaxStreams to a session, and passes everything
-// else, and every request to a server without sessions, to Transport.
-// Transport must speak HTTP/2 to the servers (a session is a full-duplex
-// request).
+// Client carries watches to servers as streams of sessions, MaxStreams to a
+// session.
 type Client struct {
-	Transport  http.RoundTripper
+	// Dial connects to a server's address (nil: a net.Dialer's).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLS is the configuration of sessions to https servers.
+	TLS        *tls.Config
 	MaxStreams int
-	// Retry is how long a server that answered a session's request
-	// without one is asked without sessions before it is asked again (a
-	// rolling upgrade reaches it).
-	Retry time.Duration
-	// OpenTimeout bounds the wait for a session's response (0: 10s).
+	// OpenTimeout bounds the opening of a session: its connection, TLS
+	// handshake and upgrade (0: 10s).
 	OpenTimeout time.Duration
 	// SharedWindow is the window of shared bytes a session asks for
 	// (0: DefaultSharedWindow; brought within DefaultSharedWindow and
@@ -56,7 +56,6 @@ func (c *Client) SharedBytes() int64 { return c.sharedKept.Load() }
 type server struct {
 	sessions []*clientSession
 	opening  *opening
-	without  time.Time // until then: no sessions
 }
 
 // opening is a session being opened: done is closed once s or err is set.
@@ -66,21 +65,25 @@ type opening struct {
 	err  error
 }
 
-// RoundTrip sends req as a stream of a session to its server.
-func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Method != http.MethodGet || (req.Body != nil && req.Body != http.NoBody) {
-		return c.Transport.RoundTrip(req)
+// Watch opens a stream for req to the server at u (http or https, its
+// host) and returns the response once its head has come: its body is the
+// stream's, and closing it cancels the watch. ctx bounds the wait for the
+// head and the reads of the body.
+func (c *Client) Watch(ctx context.Context, u *url.URL, req *heraldv1.WatchStreamRequest) (*http.Response, error) {
+	open, err := proto.Marshal(req)
+	if err != nil {
+		return nil, err
 	}
-	key := req.URL.Scheme + "://" + req.URL.Host
+	if len(open) > maxHead {
+		return nil, fmt.Errorf("watchsession: a watch request of %d bytes (limit %d)", len(open), maxHead)
+	}
+	key := u.Scheme + "://" + u.Host
 	for {
-		s, err := c.session(req.Context(), key)
-		if errors.Is(err, errNoSessions) {
-			return c.Transport.RoundTrip(req)
-		}
+		s, err := c.session(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := s.roundTrip(req)
+		resp, err := s.watch(ctx, open)
 		if errors.Is(err, errFull) {
 			continue // another stream took the last place: another session
 		}
@@ -100,10 +103,6 @@ func (c *Client) session(ctx context.Context, key string) (*clientSession, error
 		if srv == nil {
 			srv = &server{}
 			c.servers[key] = srv
-		}
-		if time.Now().Before(srv.without) {
-			c.mu.Unlock()
-			return nil, errNoSessions
 		}
 		for _, s := range srv.sessions {
 			if s.room() {
@@ -129,80 +128,102 @@ func (c *Client) session(ctx context.Context, key string) (*clientSession, error
 	}
 }
 
-// keepShared sets up the session's shared bytes, in the window the server
-// answered (v): at most the one asked for, or the server would refer to
-// bytes this end no longer keeps. A server that answers otherwise is asked
-// without sessions for a while (errNoSessions): its watches go on streams
-// of their own rather than fail.
-func (s *clientSession) keepShared(v string, asked int) error {
-	window, err := parseWindow(v)
-	if err == nil && window > asked {
-		err = fmt.Errorf("the server keeps a shared window of %d bytes, more than the %d asked for", window, asked)
-	}
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNoSessions, err)
-	}
-	s.shared = newSharedBytes(window, &s.c.sharedKept)
-	return nil
-}
-
 // open opens a session to key for op.
 func (c *Client) open(key string, srv *server, op *opening) {
-	var resp *http.Response
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &clientSession{c: c, key: key, ctx: ctx, cancel: cancel, ctlWake: make(chan struct{}, 1), streams: map[uint32]*clientStream{}, next: 1}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, key+Path, &ctlBody{s})
-	if err == nil {
-		req.Header.Set("Content-Type", ContentType)
-		req.Header.Set(SharedHeader, "1")
-		req.Header.Set(ForgetHeader, "1")
-		if c.SharedWindow > 0 {
-			req.Header.Set(SharedWindowHeader, strconv.Itoa(clampWindow(c.SharedWindow)))
-		}
-		timeout := c.OpenTimeout
-		if timeout <= 0 {
-			timeout = 10 * time.Second
-		}
-		timer := time.AfterFunc(timeout, cancel)
-		resp, err = c.Transport.RoundTrip(req)
-		switch {
-		case !timer.Stop():
-			err = fmt.Errorf("watchsession: no session within %s", timeout)
-		case err != nil:
-		case resp.StatusCode == http.StatusServiceUnavailable:
-			// A replica stopping: tried again with the next watch.
-			err = fmt.Errorf("watchsession: session refused (%s)", resp.Status)
-		case resp.StatusCode != http.StatusOK || resp.ProtoMajor < 2 || resp.Header.Get("Content-Type") != ContentType:
-			err = fmt.Errorf("%w (%s)", errNoSessions, resp.Status)
-		case resp.Header.Get(SharedHeader) == "1":
-			err = s.keepShared(resp.Header.Get(SharedWindowHeader), clampWindow(c.SharedWindow))
-			s.forgets = resp.Header.Get(ForgetHeader) == "1"
-		}
-		if err != nil && resp != nil {
-			// The request's body ends first: closing the response waits
-			// for it.
-			cancel()
-			resp.Body.Close()
-		}
-	}
+	conn, br, window, err := c.connect(key)
 	c.mu.Lock()
 	srv.opening = nil
-	switch {
-	case err == nil:
+	if err == nil {
+		s := &clientSession{c: c, key: key, conn: conn, ctlWake: make(chan struct{}, 1), streams: map[uint32]*clientStream{}, next: 1,
+			shared: newSharedBytes(window, &c.sharedKept)}
 		// Listed before its reader starts, which drops it when it ends.
 		srv.sessions = append(srv.sessions, s)
 		op.s = s
-		go s.read(resp.Body)
-	case errors.Is(err, errNoSessions):
-		c.logger().Info("watchsession: server has no sessions, asking it without", "server", key, "for", c.retry(), "err", err)
-		srv.without = time.Now().Add(c.retry())
+		go s.read(br)
+		go s.writeCtl()
 	}
 	op.err = err
 	c.mu.Unlock()
-	if err != nil {
-		cancel()
-	}
 	close(op.done)
+}
+
+// connect connects to key's server and upgrades the connection to a
+// session; it returns the connection, its reader, and the session's window.
+func (c *Client) connect(key string) (net.Conn, *bufio.Reader, int, error) {
+	u, err := url.Parse(key)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	timeout := c.OpenTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	dial := c.Dial
+	if dial == nil {
+		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), map[bool]string{true: "443", false: "80"}[u.Scheme == "https"])
+	}
+	conn, err := dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	fail := func(err error) (net.Conn, *bufio.Reader, int, error) {
+		conn.Close()
+		return nil, nil, 0, err
+	}
+	if u.Scheme == "https" {
+		cfg := &tls.Config{}
+		if c.TLS != nil {
+			cfg = c.TLS.Clone()
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		cfg.NextProtos = []string{"http/1.1"} // the upgrade is HTTP/1.1's
+		tc := tls.Client(conn, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fail(err)
+		}
+		conn = tc
+	}
+	window := clampWindow(c.SharedWindow)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	_, err = io.WriteString(conn, "GET "+Path+" HTTP/1.1\r\nHost: "+u.Host+"\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n"+
+		WindowHeader+": "+strconv.Itoa(window)+"\r\n\r\n")
+	br := bufio.NewReaderSize(conn, maxData+headerLen)
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(br, nil)
+	}
+	if !stop() {
+		err = fmt.Errorf("watchsession: no session within %s", timeout)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		// 503: a replica stopping, tried again with the next watch.
+		return fail(fmt.Errorf("watchsession: session refused (%s)", resp.Status))
+	}
+	v := resp.Header.Get(WindowHeader)
+	answered, err := parseWindow(v)
+	switch {
+	case v == "":
+		err = errors.New("the server did not answer the shared window")
+	case err == nil && answered > window:
+		err = fmt.Errorf("the server keeps a shared window of %d bytes, more than the %d asked for", answered, window)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("watchsession: %w", err))
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, br, answered, nil
 }
 
 // Close ends every session: their streams' bodies fail once what was
@@ -215,7 +236,7 @@ func (c *Client) Close() {
 	}
 	c.mu.Unlock()
 	for _, s := range sessions {
-		s.cancel()
+		s.conn.Close()
 	}
 }
 
@@ -230,7 +251,7 @@ func (c *Client) drop(s *clientSession) {
 				break
 			}
 		}
-		if len(srv.sessions) == 0 && srv.opening == nil && time.Now().After(srv.without) {
+		if len(srv.sessions) == 0 && srv.opening == nil {
 			delete(c.servers, s.key) // a replica gone for good is forgotten
 		}
 	}
@@ -246,13 +267,6 @@ func (c *Client) maxStreams() int {
 	return 100
 }
 
-func (c *Client) retry() time.Duration {
-	if c.Retry > 0 {
-		return c.Retry
-	}
-	return time.Minute
-}
-
 func (c *Client) logger() *slog.Logger {
 	if c.Log != nil {
 		return c.Log
@@ -265,29 +279,22 @@ var errFull = errors.New("watchsession: session full")
 
 // clientSession is one session on the client.
 type clientSession struct {
-	c      *Client
-	key    string
-	ctx    context.Context    // the session's request's
-	cancel context.CancelFunc // ends the session's request
+	c    *Client
+	key  string
+	conn net.Conn
 
 	mu      sync.Mutex
 	ctl     []byte        // frames to send
 	ctlWake chan struct{} // (cap 1) ctl has frames, or the session ended
-	// ctlClosed: the transport closed the request's body.
-	ctlClosed bool
-	streams   map[uint32]*clientStream
-	next      uint32
-	err       error       // the session ended
-	idle      *time.Timer // closes the session once it has had no streams for sessionIdle
+	streams map[uint32]*clientStream
+	next    uint32
+	err     error       // the session ended
+	idle    *time.Timer // closes the session once it has had no streams for sessionIdle
 
-	// shared: the shared bytes the server sent that it may still refer
-	// to (nil: the session does not use them); refBuf, refs: a refs
-	// frame, and the bytes it refers to. The reader's only.
+	// The reader's only: shared, the shared bytes the server sent that
+	// it may still refer to; refs, the bytes a refs frame refers to.
 	shared *sharedBytes
-	// forgets: the server sends forget frames (ForgetHeader).
-	forgets bool
-	refBuf  [4 * maxRefs]byte
-	refs    [][]byte
+	refs   [][]byte
 }
 
 // errIdle ends a session that had no streams for sessionIdle.
@@ -316,7 +323,7 @@ func (s *clientSession) closeIfIdle() {
 	}
 	s.mu.Unlock()
 	if idle {
-		s.cancel()
+		s.conn.Close()
 	}
 }
 
@@ -334,29 +341,45 @@ func (s *clientSession) send(add func([]byte) []byte) {
 		s.ctl = add(s.ctl)
 	}
 	s.mu.Unlock()
+	s.wakeCtl()
+}
+
+func (s *clientSession) wakeCtl() {
 	select {
 	case s.ctlWake <- struct{}{}:
 	default:
 	}
 }
 
-// roundTrip opens a stream for req and waits for its response's head.
-func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
-	var head bytes.Buffer
-	head.WriteString(req.Method)
-	head.WriteByte(' ')
-	head.WriteString(req.URL.RequestURI())
-	head.WriteString(" HTTP/1.1\r\nHost: ")
-	head.WriteString(req.URL.Host)
-	head.WriteString("\r\n")
-	if err := req.Header.Write(&head); err != nil {
-		return nil, err
+// writeCtl writes the frames queued, all of them at once, until the
+// session ends.
+func (s *clientSession) writeCtl() {
+	var buf []byte
+	for {
+		<-s.ctlWake
+		s.mu.Lock()
+		if s.err != nil {
+			s.mu.Unlock()
+			return
+		}
+		buf, s.ctl = s.ctl, buf[:0]
+		s.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		if _, err := s.conn.Write(buf); err != nil {
+			s.conn.Close() // the reader ends the session
+			return
+		}
+		if cap(buf) > 64<<10 {
+			buf = nil
+		}
 	}
-	head.WriteString("\r\n")
-	if head.Len() > maxHead {
-		return nil, fmt.Errorf("watchsession: request head of %d bytes (limit %d)", head.Len(), maxHead)
-	}
-	ctx := req.Context()
+}
+
+// watch opens a stream whose open frame's payload is open and waits for
+// its response's head.
+func (s *clientSession) watch(ctx context.Context, open []byte) (*http.Response, error) {
 	st := &clientStream{s: s, ctx: ctx, wake: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if errors.Is(s.err, errIdle) {
@@ -377,18 +400,14 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 	if s.idle != nil {
 		s.idle.Stop()
 	}
-	s.ctl = appendFrame(s.ctl, frameOpen, st.id, head.Bytes())
+	s.ctl = appendFrame(s.ctl, frameOpen, st.id, open)
 	s.mu.Unlock()
-	select {
-	case s.ctlWake <- struct{}{}:
-	default:
-	}
+	s.wakeCtl()
 	for {
 		st.mu.Lock()
 		resp, err := st.resp, st.err
 		st.mu.Unlock()
 		if resp != nil {
-			resp.Request = req // as the HTTP/2 transport's response
 			return resp, nil
 		}
 		if err != nil {
@@ -406,16 +425,14 @@ func (s *clientSession) roundTrip(req *http.Request) (*http.Response, error) {
 
 // read reads the server's frames until the session ends, then ends every
 // stream still open.
-func (s *clientSession) read(body io.ReadCloser) {
-	br := bufio.NewReaderSize(body, 64<<10)
-	err := s.readFrames(br)
-	if s.shared != nil {
-		s.shared.release()
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		err = errSessionEnded
-	} else if errors.Is(err, errProtocol) {
+func (s *clientSession) read(br *bufio.Reader) {
+	err := readFrames(br, fromServer, s.frame)
+	s.shared.release()
+	if errors.Is(err, errProtocol) {
 		s.c.logger().Warn("watchsession: session ended", "server", s.key, "err", err)
+	}
+	if err == nil || errors.Is(err, io.EOF) || !errors.Is(err, errProtocol) {
+		err = errSessionEnded
 	}
 	s.c.drop(s)
 	s.mu.Lock()
@@ -432,9 +449,17 @@ func (s *clientSession) read(body io.ReadCloser) {
 	for _, st := range streams {
 		st.end(err)
 	}
-	// The request's body ends first: closing the response waits for it.
-	s.cancel()
-	body.Close()
+	s.conn.Close()
+	s.wakeCtl() // writeCtl returns
+}
+
+// fromServer: the frames fanout sends.
+func fromServer(t frameType) bool {
+	switch t {
+	case frameHead, frameData, frameEnd, frameShared, frameRefs, frameForget:
+		return true
+	}
+	return false
 }
 
 func (s *clientSession) stream(id uint32) *clientStream {
@@ -443,153 +468,78 @@ func (s *clientSession) stream(id uint32) *clientStream {
 	return s.streams[id]
 }
 
-func (s *clientSession) readFrames(br *bufio.Reader) error {
-	for {
-		t, id, n, err := readHeader(br)
-		if err != nil {
-			return err
+// frame handles one of the server's frames.
+func (s *clientSession) frame(t frameType, id uint32, p []byte) error {
+	switch t {
+	case frameHead:
+		st := s.stream(id)
+		if st == nil {
+			return nil // closed before its head came
 		}
-		switch t {
-		case frameHead:
-			payload := make([]byte, n)
-			if _, err := io.ReadFull(br, payload); err != nil {
-				return err
-			}
-			st := s.stream(id)
-			if st == nil {
-				continue // closed before its head came
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(payload)), nil)
-			if err != nil {
-				return fmt.Errorf("%w: stream %d's head: %v", errProtocol, id, err)
-			}
-			resp.Body, resp.ContentLength = st, -1
-			resp.TransferEncoding, resp.Close, resp.Uncompressed = nil, false, false
-			st.mu.Lock()
-			st.resp = resp
-			st.mu.Unlock()
-			st.signal()
-		case frameData:
-			st := s.stream(id)
-			if st == nil || n == 0 {
-				if _, err := br.Discard(n); err != nil {
-					return err
-				}
-				continue
-			}
-			b := getBuf(n)
-			if _, err := io.ReadFull(br, b); err != nil {
-				putBuf(b)
-				return err
-			}
-			if !st.push(b) {
-				return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
-			}
-		case frameShared:
-			if s.shared == nil || id != s.shared.next() {
-				return fmt.Errorf("%w: shared bytes %d unexpected", errProtocol, id)
-			}
-			b := make([]byte, n)
-			if _, err := io.ReadFull(br, b); err != nil {
-				return err
-			}
-			s.shared.add(b, nil)
-		case frameForget:
-			if s.shared == nil || !s.forgets || !s.shared.forgetThrough(id, nil) {
-				return fmt.Errorf("%w: forget through shared bytes %d unexpected", errProtocol, id)
-			}
-		case frameRefs:
-			if s.shared == nil || n%4 != 0 {
-				return fmt.Errorf("%w: refs of %d bytes unexpected", errProtocol, n)
-			}
-			p := s.refBuf[:n]
-			if _, err := io.ReadFull(br, p); err != nil {
-				return err
-			}
-			s.refs = s.refs[:0]
-			for i := 0; i < n; i += 4 {
-				num := binary.BigEndian.Uint32(p[i:])
-				b, ok := s.shared.get(num)
-				if !ok {
-					return fmt.Errorf("%w: stream %d refers to shared bytes %d, not kept", errProtocol, id, num)
-				}
-				s.refs = append(s.refs, b)
-			}
-			st := s.stream(id)
-			if st != nil && !st.pushShared(s.refs) {
-				return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
-			}
-			clear(s.refs)
-		case frameEnd:
-			payload := make([]byte, n)
-			if _, err := io.ReadFull(br, payload); err != nil {
-				return err
-			}
-			s.mu.Lock()
-			st := s.streams[id]
-			if st != nil {
-				s.removeLocked(id)
-			}
-			s.mu.Unlock()
-			if st != nil {
-				end := io.EOF
-				if n > 0 {
-					end = fmt.Errorf("watchsession: stream ended: %s", payload)
-				}
-				st.end(end)
-			}
-		default:
-			return fmt.Errorf("%w: %v from the server", errProtocol, t)
+		h := &heraldv1.WatchStreamHead{}
+		if err := proto.Unmarshal(p, h); err != nil || h.Code < 200 || h.Code > 999 {
+			return fmt.Errorf("%w: stream %d's head: %v", errProtocol, id, err)
 		}
-	}
-}
-
-// ctlBody is a session's request body: the frames queued by send.
-type ctlBody struct{ s *clientSession }
-
-func (b *ctlBody) Read(p []byte) (int, error) {
-	s := b.s
-	for {
+		resp := &http.Response{StatusCode: int(h.Code), Status: strconv.Itoa(int(h.Code)) + " " + http.StatusText(int(h.Code)),
+			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: make(http.Header, len(h.Headers)), Body: st, ContentLength: -1}
+		for _, hd := range h.Headers {
+			resp.Header[hd.Name] = hd.Values
+		}
+		st.mu.Lock()
+		st.resp = resp
+		st.mu.Unlock()
+		st.signal()
+	case frameData:
+		st := s.stream(id)
+		if st == nil || len(p) == 0 {
+			return nil
+		}
+		b := getBuf(len(p))
+		copy(b, p)
+		if !st.push(b) {
+			return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
+		}
+	case frameShared:
+		if id != s.shared.next() {
+			return fmt.Errorf("%w: shared bytes %d unexpected", errProtocol, id)
+		}
+		s.shared.add(append([]byte(nil), p...), nil)
+	case frameForget:
+		if !s.shared.forgetThrough(id, nil) {
+			return fmt.Errorf("%w: forget through shared bytes %d unexpected", errProtocol, id)
+		}
+	case frameRefs:
+		if len(p)%4 != 0 {
+			return fmt.Errorf("%w: refs of %d bytes", errProtocol, len(p))
+		}
+		s.refs = s.refs[:0]
+		for i := 0; i < len(p); i += 4 {
+			num := binary.BigEndian.Uint32(p[i:])
+			b, ok := s.shared.get(num)
+			if !ok {
+				return fmt.Errorf("%w: stream %d refers to shared bytes %d, not kept", errProtocol, id, num)
+			}
+			s.refs = append(s.refs, b)
+		}
+		st := s.stream(id)
+		if st != nil && !st.pushShared(s.refs) {
+			return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
+		}
+		clear(s.refs)
+	case frameEnd:
 		s.mu.Lock()
-		if s.ctlClosed {
-			s.mu.Unlock()
-			return 0, io.ErrClosedPipe
-		}
-		if len(s.ctl) > 0 {
-			n := copy(p, s.ctl)
-			s.ctl = s.ctl[:copy(s.ctl, s.ctl[n:])]
-			if len(s.ctl) == 0 && cap(s.ctl) > 64<<10 {
-				s.ctl = nil
-			}
-			s.mu.Unlock()
-			return n, nil
-		}
-		if s.err != nil {
-			s.mu.Unlock()
-			return 0, io.EOF
+		st := s.streams[id]
+		if st != nil {
+			s.removeLocked(id)
 		}
 		s.mu.Unlock()
-		select {
-		case <-s.ctlWake:
-		case <-s.ctx.Done():
-			// The transport notices a cancelled request only between
-			// reads of its body.
-			return 0, s.ctx.Err()
+		if st != nil {
+			end := io.EOF
+			if len(p) > 0 {
+				end = fmt.Errorf("watchsession: stream ended: %s", p)
+			}
+			st.end(end)
 		}
-	}
-}
-
-// Close ends a Read waiting for frames: the transport closes the body when
-// the stream or its connection fails, and waits for the Read to return
-// before it fails the response.
-func (b *ctlBody) Close() error {
-	s := b.s
-	s.mu.Lock()
-	s.ctlClosed = true
-	s.mu.Unlock()
-	select {
-	case s.ctlWake <- struct{}{}:
-	default:
 	}
 	return nil
 }

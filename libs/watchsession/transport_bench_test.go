@@ -98,7 +98,9 @@ func benchListener(b *testing.B) net.Listener {
 func benchH2C(b *testing.B, batch []byte) {
 	ln := benchListener(b)
 	n := b.N
-	srv := &http.Server{Protocols: serverProtocols(), HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: window},
+	h2c := new(http.Protocols)
+	h2c.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: h2c, HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: window},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rc := http.NewResponseController(w)
 			for range n {
@@ -112,7 +114,7 @@ func benchH2C(b *testing.B, batch []byte) {
 		})}
 	go srv.Serve(ln)
 	defer srv.Close()
-	tr := &http.Transport{Protocols: clientProtocols(), HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: window}}
+	tr := &http.Transport{Protocols: h2c, HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: window}}
 	defer tr.CloseIdleConnections()
 	b.ResetTimer()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+Path, http.NoBody)

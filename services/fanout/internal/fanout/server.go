@@ -199,16 +199,54 @@ const learnWait = 3 * time.Second
 
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
 
-// ServeHTTP serves one watch request (the frontdoor has authenticated and
-// authorized it).
+// ServeWatch serves a watch of a session (libs/watchsession), as frontdoor
+// parsed, validated and authorized it: nothing is parsed again.
+func (s *Server) ServeWatch(ctx context.Context, w http.ResponseWriter, req *heraldv1.WatchStreamRequest) {
+	// Frontdoor resolved the resource; a custom resource it has learned may
+	// take this replica a moment more.
+	res, err := s.awaitResource(ctx, req.Group, req.Version, req.Resource)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	info := kube.RequestInfo{Resource: res, Namespace: req.Namespace, Name: req.Name, Verb: kube.VerbWatch}
+	wr, err := watchsession.WatchOf(req)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	s.watch(ctx, w, info, wr, watchOptions{accept: req.Accept, gzip: req.AcceptGzip, traceLines: req.TraceEvents})
+}
+
+// awaitResource finds the resource a watch names in the registry, waiting
+// up to learnWait for a custom resource this replica has not learned yet.
+func (s *Server) awaitResource(ctx context.Context, group, version, resource string) (*kube.Resource, error) {
+	timer := time.NewTimer(learnWait)
+	defer timer.Stop()
+	for {
+		changed := s.reg.Changed()
+		if r, ok := s.reg.Lookup(group, version, resource); ok {
+			return r, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil, apierrors.NewNotFound(schema.GroupResource{Group: group, Resource: resource}, "")
+		case <-ctx.Done():
+			return nil, apierrors.NewNotFound(schema.GroupResource{Group: group, Resource: resource}, "")
+		}
+	}
+}
+
+// ServeHTTP serves a watch request that did not come as a stream of a
+// session (a test, or curl against the replica's port): its path and
+// query are parsed, then it is served as ServeWatch serves one.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		kube.WriteStatus(w, apierrors.NewMethodNotSupported(schemaGR(""), r.Method))
 		return
 	}
 	q := r.URL.Query()
-	// Frontdoor resolved the path; a custom resource it has learned may
-	// take this replica a moment more.
 	info, err := s.reg.AwaitRequest(r.Context(), learnWait, r.URL.Path, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
@@ -218,14 +256,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kube.WriteStatus(w, badRequest("this server only serves watch requests"))
 		return
 	}
-	// Frontdoor has validated the options and forwarded them as parsed
-	// (kube.WatchRequest.Query); decoding them with the same parser
-	// cannot read anything else into them.
 	wr, err := kube.ParseWatch(info, q)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
 	}
+	s.watch(r.Context(), w, info, wr, watchOptions{accept: r.Header.Get("Accept"), gzip: service.AcceptsGzip(r),
+		traceLines: r.Header.Get(service.TraceLinesHeader) == "1"})
+}
+
+// watchOptions are what a watch asks of its stream besides its request:
+// the client's Accept header, whether it accepts gzip, and whether
+// frontdoor wants trace lines.
+type watchOptions struct {
+	accept     string
+	gzip       bool
+	traceLines bool
+}
+
+// watch serves one watch (frontdoor has authenticated and authorized it).
+func (s *Server) watch(ctx context.Context, w http.ResponseWriter, info kube.RequestInfo, wr *kube.WatchRequest, opts watchOptions) {
 	plan := wr.Plan
 	timeout := s.cfg.MinTimeout + rand.N(s.cfg.MaxTimeout-s.cfg.MinTimeout+1)
 	if n := wr.TimeoutSeconds; n > 0 {
@@ -243,7 +293,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.m.watchers.Dec()
 	}()
 	h := s.hub(info.Resource)
-	if !h.waitSynced(r.Context(), s.cfg.UpstreamWait) {
+	if !h.waitSynced(ctx, s.cfg.UpstreamWait) {
 		if plan.Mode == rv.WatchAfter {
 			// A resume (every watch of a wave after the caches
 			// restarted): 429, on which client-go retries the watch
@@ -255,13 +305,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	f, err := s.negotiate(r, info.Resource)
+	f, err := s.negotiate(opts.accept, info.Resource)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, f: f, enc: s.encoder(info.Resource), m: s.m, clock: s.clock, batches: &s.batches}
 	w.Header().Set("Content-Type", f.contentType())
@@ -269,7 +319,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Compress only streams that start with a list's worth of initial
 	// state, and only when asked: compressing every event for every watcher
 	// would undo encode-once (kube-apiserver never compresses watches).
-	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && service.AcceptsGzip(r) {
+	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && opts.gzip {
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Add("Vary", "Accept-Encoding")
 		st.gz = newGzipStream(w)
@@ -279,7 +329,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.sw = segmentWriter(w)
 	}
 	// Trace lines are lines: only in a JSON stream.
-	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
+	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && opts.traceLines
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 

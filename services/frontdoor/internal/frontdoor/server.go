@@ -610,7 +610,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// connection's buffers, alive.
 			rec.ResponseWriter = nil
 		}
-		s.fanout.serve(rec, r, u, wr, initDone, end)
+		s.fanout.serve(rec, r, info, wr, initDone, end)
 		return
 	}
 	req, err := listRequest(info, q)

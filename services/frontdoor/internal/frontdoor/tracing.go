@@ -18,8 +18,8 @@ import (
 type Option func(*Server)
 
 // WithTracer makes frontdoor continue the trace of every sampled event it
-// proxies: it asks fanout for trace lines on the internal hop (see
-// service.TraceLinesHeader), removes them from the stream, and records one
+// proxies: it asks fanout for trace lines on the internal hop (the stream
+// request's trace_events), removes them from the stream, and records one
 // short "frontdoor.deliver" span per traced event, child of fanout's
 // fanout.dispatch span and linked to the WATCH request's span. nil: no
 // tracing, and no trace lines requested.
@@ -29,23 +29,14 @@ func WithTracer(t trace.Tracer) Option { return func(s *Server) { s.tracer = t }
 // line is about 75 bytes; see service.TraceLinePrefix).
 const maxTraceLine = 256
 
-// rewriteTrace asks for trace lines when tracing is on; a client's own
-// header never reaches fanout.
-func (p *fanoutPool) rewriteTrace(out *http.Request) {
-	out.Header.Del(service.TraceLinesHeader)
-	if p.tracer != nil {
-		out.Header.Set(service.TraceLinesHeader, "1")
-	}
-}
-
 // traceResponse strips trace lines from a watch stream that may carry them.
-func (p *fanoutPool) traceResponse(resp *http.Response) {
+func (p *fanoutPool) traceResponse(ctx context.Context, resp *http.Response) {
 	// Only JSON streams carry trace lines: a protobuf one is left alone.
 	if p.tracer == nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" ||
 		mediaType(resp.Header) != storage.MediaJSON {
 		return
 	}
-	resp.Body = &traceStripper{rc: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(resp.Request.Context()),
+	resp.Body = &traceStripper{rc: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(ctx),
 		buf: make([]byte, 32<<10), atStart: true}
 }
 
