@@ -456,7 +456,7 @@ func (s *clientSession) read(br *bufio.Reader) {
 // fromServer: the frames fanout sends.
 func fromServer(t frameType) bool {
 	switch t {
-	case frameHead, frameData, frameEnd, frameShared, frameRefs, frameForget:
+	case frameHead, frameData, frameEnd, frameShared, frameRefs, frameForget, frameTrace:
 		return true
 	}
 	return false
@@ -526,6 +526,10 @@ func (s *clientSession) frame(t frameType, id uint32, p []byte) error {
 			return fmt.Errorf("%w: stream %d sent past its window", errProtocol, id)
 		}
 		clear(s.refs)
+	case frameTrace:
+		if st := s.stream(id); st != nil {
+			st.pushTrace(string(p))
+		}
 	case frameEnd:
 		s.mu.Lock()
 		st := s.streams[id]
@@ -559,6 +563,25 @@ type clientStream struct {
 	consumed int   // read since the last credit
 	err      error // the body's end (io.EOF) or failure
 	closed   bool
+	onTrace  func(traceparent string) // SetTraceHook
+}
+
+// SetTraceHook has f called with the trace context of each traced event
+// the server sends (Segment.Trace), by the read that reaches the event's
+// bytes, before it returns them.
+func (st *clientStream) SetTraceHook(f func(traceparent string)) {
+	st.mu.Lock()
+	st.onTrace = f
+	st.mu.Unlock()
+}
+
+// pushTrace adds the trace context of the event whose bytes follow.
+func (st *clientStream) pushTrace(tp string) {
+	st.mu.Lock()
+	if !st.closed && st.err == nil {
+		st.bufs = append(st.bufs, chunk{trace: tp})
+	}
+	st.mu.Unlock()
 }
 
 func (st *clientStream) signal() {
@@ -573,6 +596,7 @@ func (st *clientStream) signal() {
 type chunk struct {
 	b      []byte
 	pooled bool
+	trace  string // a trace context (b empty)
 }
 
 func (c chunk) release() {
@@ -645,7 +669,11 @@ func (st *clientStream) Read(p []byte) (int, error) {
 				return 0, nil
 			}
 			n := 0
+			var traces []string
 			for n < len(p) && len(st.bufs) > 0 {
+				if tp := st.bufs[0].trace; tp != "" && st.onTrace != nil {
+					traces = append(traces, tp)
+				}
 				c := copy(p[n:], st.bufs[0].b[st.off:])
 				n += c
 				st.off += c
@@ -665,7 +693,11 @@ func (st *clientStream) Read(p []byte) (int, error) {
 			if st.consumed >= creditStep {
 				credit, st.consumed = st.consumed, 0
 			}
+			hook := st.onTrace
 			st.mu.Unlock()
+			for _, tp := range traces {
+				hook(tp)
+			}
 			if credit > 0 {
 				st.s.send(func(b []byte) []byte { return appendCredit(b, st.id, uint32(credit)) })
 			}

@@ -29,6 +29,8 @@
 //	                      shared bytes that streams of the session refer to
 //	                      refs   bytes of the body: shared bytes, by number
 //	                      forget shared bytes up to a number are forgotten
+//	                      trace  the trace context (W3C traceparent) of the
+//	                             event whose bytes follow (Segment.Trace)
 //
 // Shared bytes: a watch event's encoding is the same for every watch of the
 // session that sees it, and a broadcast sends it to hundreds of them. A
@@ -86,6 +88,7 @@ const (
 	frameShared
 	frameRefs
 	frameForget
+	frameTrace
 )
 
 func (t frameType) String() string {
@@ -108,6 +111,8 @@ func (t frameType) String() string {
 		return "refs"
 	case frameForget:
 		return "forget"
+	case frameTrace:
+		return "trace"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -154,6 +159,8 @@ const (
 	minShared = 128
 	// maxRefs bounds a refs frame.
 	maxRefs = 1024
+	// maxTrace bounds a trace frame (a traceparent is 55 bytes).
+	maxTrace = 256
 )
 
 // WindowHeader, on a session's request, is the window of shared bytes (in
@@ -315,6 +322,8 @@ func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
 		limit = 4 * maxRefs
 	case frameCredit:
 		limit = 4
+	case frameTrace:
+		limit = maxTrace
 	case frameCancel, frameForget:
 		limit = 0
 	default:

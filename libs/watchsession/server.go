@@ -343,6 +343,13 @@ func (ss *session) sharedLocked(b []byte) uint32 {
 func (ss *session) appendSegmentsLocked(id uint32, segs []Segment) {
 	refs, data := -1, -1 // the refs or data frame being filled: its offset in out
 	for _, sg := range segs {
+		if sg.Trace != "" {
+			refs, data = -1, -1
+			if len(sg.Trace) <= maxTrace {
+				ss.out = appendFrame(ss.out, frameTrace, id, []byte(sg.Trace))
+			}
+			continue
+		}
 		if len(sg.B) == 0 {
 			continue
 		}
@@ -698,6 +705,11 @@ type Segment struct {
 	// write the same B (a watch event's encoding, made once for every
 	// watch): the session may send its bytes once and refer to them.
 	Shared bool
+	// Trace, if not empty (and B empty), is the trace context (a W3C
+	// traceparent) of the event whose bytes follow: it goes as a trace
+	// frame, which the client's body hands to its trace hook
+	// (SetTraceHook) when a read reaches those bytes.
+	Trace string
 }
 
 // SegmentWriter is a session stream's http.ResponseWriter: fanout writes a

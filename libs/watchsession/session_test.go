@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -421,5 +422,41 @@ func TestBadFrames(t *testing.T) {
 				t.Fatalf("the session sent %q (%v), want an end and nothing", rest, err)
 			}
 		})
+	}
+}
+
+// TestTraceFrames: a trace context written before an event's bytes reaches
+// the client's trace hook, in order, from the read that returns those
+// bytes (and not one before), and is no byte of the body.
+func TestTraceFrames(t *testing.T) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		sw.WriteSegments([]Segment{{B: []byte("plain\n")}})
+		sw.WriteSegments([]Segment{{Trace: "tp-1"}, {B: []byte("traced 1\n")}, {B: []byte("plain\n")}, {Trace: "tp-2"}, {B: []byte("traced 2\n")}})
+	}))
+	c, _ := client(t, 8)
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	defer resp.Body.Close()
+	var got []string
+	var body []byte
+	resp.Body.(interface{ SetTraceHook(func(string)) }).SetTraceHook(func(tp string) {
+		got = append(got, fmt.Sprintf("%s at %d", tp, len(body)))
+	})
+	buf := make([]byte, 4)
+	for {
+		n, err := resp.Body.Read(buf)
+		body = append(body, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if string(body) != "plain\ntraced 1\nplain\ntraced 2\n" {
+		t.Fatalf("body %q", body)
+	}
+	// The hook runs within the read (of 4 bytes) that returns the event's
+	// first byte (at 6 and 21): the reads from 4 and from 20.
+	if want := []string{"tp-1 at 4", "tp-2 at 20"}; !slices.Equal(got, want) {
+		t.Fatalf("trace hook calls %q, want %q", got, want)
 	}
 }

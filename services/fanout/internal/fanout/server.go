@@ -215,7 +215,7 @@ func (s *Server) ServeWatch(ctx context.Context, w http.ResponseWriter, req *her
 		kube.WriteStatus(w, err)
 		return
 	}
-	s.watch(ctx, w, info, wr, watchOptions{accept: req.Accept, gzip: req.AcceptGzip, traceLines: req.TraceEvents})
+	s.watch(ctx, w, info, wr, watchOptions{accept: req.Accept, gzip: req.AcceptGzip, traceEvents: req.TraceEvents})
 }
 
 // awaitResource finds the resource a watch names in the registry, waiting
@@ -261,17 +261,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kube.WriteStatus(w, err)
 		return
 	}
-	s.watch(r.Context(), w, info, wr, watchOptions{accept: r.Header.Get("Accept"), gzip: service.AcceptsGzip(r),
-		traceLines: r.Header.Get(service.TraceLinesHeader) == "1"})
+	s.watch(r.Context(), w, info, wr, watchOptions{accept: r.Header.Get("Accept"), gzip: service.AcceptsGzip(r)})
 }
 
 // watchOptions are what a watch asks of its stream besides its request:
 // the client's Accept header, whether it accepts gzip, and whether
-// frontdoor wants trace lines.
+// frontdoor traces events (a session's stream only).
 type watchOptions struct {
-	accept     string
-	gzip       bool
-	traceLines bool
+	accept      string
+	gzip        bool
+	traceEvents bool
 }
 
 // watch serves one watch (frontdoor has authenticated and authorized it).
@@ -328,8 +327,9 @@ func (s *Server) watch(ctx context.Context, w http.ResponseWriter, info kube.Req
 	if st.gz == nil {
 		st.sw = segmentWriter(w)
 	}
-	// Trace lines are lines: only in a JSON stream.
-	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && opts.traceLines
+	// The trace contexts of traced events go to frontdoor as the
+	// session's trace frames.
+	st.traceEvents = s.tracer != nil && st.sw != nil && opts.traceEvents
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 
@@ -816,16 +816,19 @@ type stream struct {
 	// (see paced).
 	try, blocked bool
 
-	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
-	traceLines bool
+	// traceEvents: write the trace context of traced events for frontdoor
+	// (watchsession.Segment.Trace).
+	traceEvents bool
 	// now: while a drain adds a batch, when it took it (wall time).
 	now time.Time
 }
 
-// part is a segment of a stream's batch: shared bytes, or out[from:to].
+// part is a segment of a stream's batch: shared bytes, out[from:to], or
+// the trace context of the event that follows.
 type part struct {
 	shared   []byte
 	from, to int
+	trace    string
 }
 
 // segmentWriter returns w's SegmentWriter, if it or one it wraps is one.
@@ -873,7 +876,7 @@ func (st *stream) add(b []byte, shared bool) {
 	if st.sw == nil {
 		return // out is the batch
 	}
-	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].to == from {
+	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].trace == "" && st.parts[n-1].to == from {
 		st.parts[n-1].to = len(*st.out)
 	} else {
 		st.parts = append(st.parts, part{from: from, to: len(*st.out)})
@@ -903,9 +906,12 @@ func (st *stream) writeParts() {
 	}
 	segs := st.segs[:0]
 	for _, p := range st.parts {
-		if p.shared != nil {
+		switch {
+		case p.trace != "":
+			segs = append(segs, watchsession.Segment{Trace: p.trace})
+		case p.shared != nil:
 			segs = append(segs, watchsession.Segment{B: p.shared, Shared: true})
-		} else {
+		default:
 			segs = append(segs, watchsession.Segment{B: (*st.out)[p.from:p.to]})
 		}
 	}
@@ -970,8 +976,8 @@ func (st *stream) event(it *item, t kube.Transition) {
 		return
 	}
 	st.tableCols = true
-	if tl := st.traceLine(it); tl != nil {
-		st.raw(tl)
+	if tp := st.traceOf(it); tp != "" {
+		st.parts = append(st.parts, part{trace: tp})
 	}
 	st.add(b, it.sharedByMany())
 	if st.err != nil {
