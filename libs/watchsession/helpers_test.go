@@ -25,7 +25,7 @@ func (hw httpWatch) ServeWatch(ctx context.Context, w http.ResponseWriter, req *
 }
 
 // serve starts a server (as a fanout replica's) whose sessions serve h.
-func serve(t *testing.T, h http.Handler) (*httptest.Server, *Server) {
+func serve(t testing.TB, h http.Handler) (*httptest.Server, *Server) {
 	t.Helper()
 	mux := &Server{Handler: httpWatch{h}}
 	return serveHandler(t, mux, mux), mux
@@ -33,7 +33,7 @@ func serve(t *testing.T, h http.Handler) (*httptest.Server, *Server) {
 
 // serveHandler serves root on a test server (HTTP/1.1 and h2c, as fanout
 // does); mux, if not nil, shuts down with it.
-func serveHandler(t *testing.T, root http.Handler, mux *Server) *httptest.Server {
+func serveHandler(t testing.TB, root http.Handler, mux *Server) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(root)
 	srv.Config.Protocols = new(http.Protocols)
