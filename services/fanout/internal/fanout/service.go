@@ -103,6 +103,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		// The sessions' connections are their own, which the HTTP
 		// server's shutdown does not wait for: their watches have ended
 		// with it, and they end once they have sent that.
+		sessions.Shutdown() // as the server's shutdown does, before waiting
 		if !sessions.Wait(shutdownGrace) {
 			sessions.Close()
 		}
