@@ -231,9 +231,9 @@ func (s *Server) awaitResource(ctx context.Context, group, version, resource str
 		select {
 		case <-changed:
 		case <-timer.C:
-			return nil, apierrors.NewNotFound(schema.GroupResource{Group: group, Resource: resource}, "")
+			return nil, kube.ErrNoRoute // the 404 of a path not served
 		case <-ctx.Done():
-			return nil, apierrors.NewNotFound(schema.GroupResource{Group: group, Resource: resource}, "")
+			return nil, kube.ErrNoRoute
 		}
 	}
 }
