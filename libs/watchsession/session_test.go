@@ -460,3 +460,21 @@ func TestTraceFrames(t *testing.T) {
 		t.Fatalf("trace hook calls %q, want %q", got, want)
 	}
 }
+
+// TestTLS: a session to an https server (one that also speaks HTTP/2, as
+// fanout's port does) upgrades a TLS connection negotiated as HTTP/1.1.
+func TestTLS(t *testing.T) {
+	mux := &Server{Handler: httpWatch{lines(3)}}
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := &Client{TLS: srv.Client().Transport.(*http.Transport).TLSClientConfig, MaxStreams: 8}
+	t.Cleanup(c.Close)
+	resp := get(t, c, context.Background(), srv.URL+"/x?name=a")
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "a 0 \na 1 x\na 2 xx\n" {
+		t.Fatalf("%q %v", b, err)
+	}
+}
