@@ -579,7 +579,7 @@ func (st *clientStream) SetTraceHook(f func(traceparent string)) {
 func (st *clientStream) pushTrace(tp string) {
 	st.mu.Lock()
 	if !st.closed && st.err == nil {
-		st.bufs = append(st.bufs, chunk{trace: tp})
+		st.bufs = append(st.bufs, chunk{b: []byte(tp), kind: chunkTrace})
 	}
 	st.mu.Unlock()
 }
@@ -591,16 +591,24 @@ func (st *clientStream) signal() {
 	}
 }
 
-// chunk is data the server sent: a pooled buffer (getBuf) of a data frame,
-// or shared bytes, which are never modified.
+// chunk is what the server sent: shared bytes, which are never modified,
+// a pooled buffer (getBuf) of a data frame, or the trace context of the
+// event whose bytes follow (no bytes of the body).
 type chunk struct {
-	b      []byte
-	pooled bool
-	trace  string // a trace context (b empty)
+	b    []byte
+	kind chunkKind
 }
 
+type chunkKind uint8
+
+const (
+	chunkShared chunkKind = iota
+	chunkPooled
+	chunkTrace
+)
+
 func (c chunk) release() {
-	if c.pooled {
+	if c.kind == chunkPooled {
 		putBuf(c.b)
 	}
 }
@@ -614,7 +622,7 @@ func (st *clientStream) push(b []byte) bool {
 		putBuf(b)
 		return true
 	}
-	st.bufs = append(st.bufs, chunk{b: b, pooled: true})
+	st.bufs = append(st.bufs, chunk{b: b, kind: chunkPooled})
 	st.buffered += len(b)
 	over := st.buffered > window
 	st.mu.Unlock()
@@ -671,8 +679,13 @@ func (st *clientStream) Read(p []byte) (int, error) {
 			n := 0
 			var traces []string
 			for n < len(p) && len(st.bufs) > 0 {
-				if tp := st.bufs[0].trace; tp != "" && st.onTrace != nil {
-					traces = append(traces, tp)
+				if st.bufs[0].kind == chunkTrace {
+					if st.onTrace != nil {
+						traces = append(traces, string(st.bufs[0].b))
+					}
+					st.bufs[0] = chunk{}
+					st.bufs = st.bufs[1:]
+					continue
 				}
 				c := copy(p[n:], st.bufs[0].b[st.off:])
 				n += c
