@@ -307,11 +307,18 @@ func appendCredit(b []byte, id uint32, n uint32) []byte {
 // readHeader reads the next frame's header, checking its length against
 // what its type allows.
 func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
-	var h [headerLen]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	// Peeked in the reader's buffer, not read into an array of its own
+	// (which would escape, through io.ReadFull, to the heap: an
+	// allocation per frame).
+	h, err := r.Peek(headerLen)
+	if len(h) < headerLen {
+		if err == io.EOF && len(h) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 		return 0, 0, 0, err
 	}
 	t, id, n := frameType(h[0]), binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
+	r.Discard(headerLen)
 	var limit uint32
 	switch t {
 	case frameOpen, frameHead, frameEnd:
