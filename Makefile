@@ -9,7 +9,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 BIN := $(CURDIR)/.bin
 
-MODULES  := libs/rv libs/kube libs/proto libs/service libs/stream libs/cacheclient libs/storage services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
+MODULES  := libs/rv libs/kube libs/proto libs/service libs/stream libs/cacheclient libs/storage libs/watchsession services/ingest services/cache services/fanout services/frontdoor integration integration/manifests
 SERVICES := ingest cache fanout frontdoor
 
 .PHONY: help run seed build test test-unit kubeapi conformance e2e e2e-deep e2e-local images manifests bench proto proto-check lint tidy clean storage-check

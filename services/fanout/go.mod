@@ -13,6 +13,7 @@ require (
 	herald.dev/libs/proto v0.0.0
 	herald.dev/libs/rv v0.0.0
 	herald.dev/libs/service v0.0.0
+	herald.dev/libs/watchsession v0.0.0
 	herald.dev/libs/storage v0.0.0
 	k8s.io/apimachinery v0.37.2
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd
@@ -74,5 +75,6 @@ replace (
 	herald.dev/libs/proto => ../../libs/proto
 	herald.dev/libs/rv => ../../libs/rv
 	herald.dev/libs/service => ../../libs/service
+	herald.dev/libs/watchsession => ../../libs/watchsession
 	herald.dev/libs/storage => ../../libs/storage
 )

@@ -18,6 +18,7 @@ require (
 	herald.dev/libs/proto v0.0.0
 	herald.dev/libs/rv v0.0.0
 	herald.dev/libs/service v0.0.0
+	herald.dev/libs/watchsession v0.0.0
 	herald.dev/libs/storage v0.0.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -87,7 +88,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/protobuf v1.36.12
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/apiextensions-apiserver v0.37.2 // indirect
@@ -110,5 +111,6 @@ replace (
 	herald.dev/libs/proto => ../../libs/proto
 	herald.dev/libs/rv => ../../libs/rv
 	herald.dev/libs/service => ../../libs/service
+	herald.dev/libs/watchsession => ../../libs/watchsession
 	herald.dev/libs/storage => ../../libs/storage
 )

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -58,8 +59,11 @@ func (f format) cacheProtobuf() bool { return f.mt == storage.MediaProtobuf && f
 
 // negotiate chooses the watch's format from its Accept header, or answers
 // the 406 kube-apiserver would.
-func (s *Server) negotiate(r *http.Request, res *kube.Resource) (format, error) {
+func (s *Server) negotiate(accept string, res *kube.Resource) (format, error) {
 	custom := !s.codec.Typed(res.GroupVersionKind())
+	// The negotiation reads the Accept header (and the URL, for pretty
+	// printing, which a stream does not do).
+	r := &http.Request{Header: http.Header{"Accept": {accept}}, URL: &url.URL{}}
 	if _, err := s.neg.NegotiateOutput(r, custom); err != nil {
 		return format{}, err
 	}

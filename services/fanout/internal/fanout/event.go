@@ -29,7 +29,7 @@ type item struct {
 	encErr error
 
 	// tp: the fanout.dispatch span's traceparent when the event is sampled
-	// (set before dispatch); traced: a stream has written its trace line.
+	// (set before dispatch); traced: a stream has written its trace context.
 	tp     string
 	traced atomic.Bool
 

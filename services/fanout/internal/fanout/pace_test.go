@@ -19,7 +19,7 @@ import (
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // writeRecorder is a ResponseWriter that hands over every Write. While
@@ -61,7 +61,7 @@ type sessionRecorder struct {
 
 func (w *sessionRecorder) Session() uint64 { return 1 }
 
-func (w *sessionRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error) {
+func (w *sessionRecorder) TryWriteSegments(segs []watchsession.Segment) (bool, error) {
 	if w.full.Load() {
 		return false, nil
 	}
@@ -69,7 +69,7 @@ func (w *sessionRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error
 	return true, err
 }
 
-func (w *sessionRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
+func (w *sessionRecorder) WriteSegments(segs []watchsession.Segment) (int, error) {
 	if w.full.Load() {
 		select {
 		case w.waiting <- struct{}{}:

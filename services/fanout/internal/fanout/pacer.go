@@ -9,7 +9,7 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// pacer writes the watches of session streams (watchmux) from one
+// pacer writes the watches of session streams (libs/watchsession) from one
 // goroutine, paced as Server.serve paces a watch on its own goroutine: a
 // watch written less than every ago waits out the rest, then everything
 // queued meanwhile goes in one write; a quiet watch is written to at once;
@@ -20,7 +20,7 @@ import (
 // keeps a timer): on a broadcast, thousands of wake-ups per interval. The
 // watches of a session share a pacer (Server.pacerFor), which wakes once
 // for all of those due and writes each into the session without waiting
-// (watchmux.SegmentWriter.TryWriteSegments). A watch whose stream has no
+// (watchsession.SegmentWriter.TryWriteSegments). A watch whose stream has no
 // room now (its client reads slowly) is handed back to its goroutine,
 // which waits for the room and writes the batch: one slow client never
 // holds up the others.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,34 +16,34 @@ import (
 
 	"herald.dev/libs/kube/request"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // segmentRecorder is a session stream's ResponseWriter that records each
 // WriteSegments.
 type segmentRecorder struct {
 	h      http.Header
-	writes [][]watchmux.Segment
+	writes [][]watchsession.Segment
 }
 
 func (w *segmentRecorder) Header() http.Header { return w.h }
 func (w *segmentRecorder) WriteHeader(int)     {}
 func (w *segmentRecorder) Flush()              {}
 func (w *segmentRecorder) Write(b []byte) (int, error) {
-	w.writes = append(w.writes, []watchmux.Segment{{B: bytes.Clone(b)}})
+	w.writes = append(w.writes, []watchsession.Segment{{B: bytes.Clone(b)}})
 	return len(b), nil
 }
 
 func (w *segmentRecorder) Session() uint64 { return 1 }
 
-func (w *segmentRecorder) TryWriteSegments(segs []watchmux.Segment) (bool, error) {
+func (w *segmentRecorder) TryWriteSegments(segs []watchsession.Segment) (bool, error) {
 	_, err := w.WriteSegments(segs)
 	return true, err
 }
 
-func (w *segmentRecorder) WriteSegments(segs []watchmux.Segment) (int, error) {
+func (w *segmentRecorder) WriteSegments(segs []watchsession.Segment) (int, error) {
 	n := 0
-	rec := make([]watchmux.Segment, len(segs))
+	rec := make([]watchsession.Segment, len(segs))
 	for i, sg := range segs {
 		rec[i] = sg
 		if !sg.Shared {
@@ -144,5 +145,56 @@ func TestSessionStreamSharesEncodings(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSessionStreamTracesEvents: on a session stream whose frontdoor
+// traces events, a sampled event's trace context goes as a Trace segment
+// right before its bytes, on the first stream that writes it only (one
+// frontdoor span per event and replica); the bytes are the event's alone.
+func TestSessionStreamTracesEvents(t *testing.T) {
+	res := podsResource(t)
+	m := newMetrics(prometheus.NewRegistry())
+	enc := testEncoder(t, res)
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	obj := `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"7"}}`
+	traced := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 7, Object: []byte(obj)})
+	traced.tp = tp
+	plain := newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 6, Object: []byte(obj)})
+	var recs []*segmentRecorder
+	for range 2 {
+		rec := &segmentRecorder{h: http.Header{}}
+		st := &stream{w: rec, rc: http.NewResponseController(rec), res: res, f: jsonLines, enc: enc, m: m, clock: clock.RealClock{}, batches: &sync.Pool{},
+			sw: rec, traceEvents: true}
+		st.event(plain, request.AsModified)
+		st.event(traced, request.AsModified)
+		st.flush()
+		if st.err != nil {
+			t.Fatal(st.err)
+		}
+		recs = append(recs, rec)
+	}
+	for i, rec := range recs {
+		var traces []string
+		var body []byte
+		for _, segs := range rec.writes {
+			for _, sg := range segs {
+				if sg.Trace != "" {
+					traces = append(traces, fmt.Sprintf("%s before byte %d", sg.Trace, len(body)))
+				}
+				body = append(body, sg.B...)
+			}
+		}
+		want := append(append([]byte(nil), plain.line(request.AsModified)...), traced.line(request.AsModified)...)
+		if !bytes.Equal(body, want) {
+			t.Fatalf("stream %d: body %q, want %q", i, body, want)
+		}
+		var wantTraces []string
+		if i == 0 {
+			wantTraces = []string{fmt.Sprintf("%s before byte %d", tp, len(plain.line(request.AsModified)))}
+		}
+		if !slices.Equal(traces, wantTraces) {
+			t.Fatalf("stream %d: traces %q, want %q", i, traces, wantTraces)
+		}
 	}
 }

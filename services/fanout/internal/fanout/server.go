@@ -39,8 +39,8 @@ import (
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/libs/watchsession"
 )
 
 type metrics struct {
@@ -201,8 +201,48 @@ const learnWait = 3 * time.Second
 
 func badRequest(msg string) error { return apierrors.NewBadRequest(msg) }
 
-// ServeHTTP serves one watch request (the frontdoor has authenticated and
-// authorized it).
+// ServeWatch serves a watch of a session (libs/watchsession), as frontdoor
+// parsed, validated and authorized it: nothing is parsed again.
+func (s *Server) ServeWatch(ctx context.Context, w http.ResponseWriter, req *heraldv1.WatchStreamRequest) {
+	// Frontdoor resolved the resource; a custom resource it has learned may
+	// take this replica a moment more.
+	res, err := s.awaitResource(ctx, req.Group, req.Version, req.Resource)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	info := request.Info{Resource: res, Namespace: req.Namespace, Name: req.Name, Verb: request.VerbWatch}
+	wr, err := watchsession.WatchOf(req)
+	if err != nil {
+		kube.WriteStatus(w, err)
+		return
+	}
+	s.watch(ctx, w, info, wr, watchOptions{accept: req.Accept, gzip: req.AcceptGzip, traceEvents: req.TraceEvents})
+}
+
+// awaitResource finds the resource a watch names in the registry, waiting
+// up to learnWait for a custom resource this replica has not learned yet.
+func (s *Server) awaitResource(ctx context.Context, group, version, resource string) (*kube.Resource, error) {
+	timer := time.NewTimer(learnWait)
+	defer timer.Stop()
+	for {
+		changed := s.reg.Changed()
+		if r, ok := s.reg.Lookup(group, version, resource); ok {
+			return r, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil, kube.ErrNoRoute // the 404 of a path not served
+		case <-ctx.Done():
+			return nil, kube.ErrNoRoute
+		}
+	}
+}
+
+// ServeHTTP serves a watch request that did not come as a stream of a
+// session (a test, or curl against the replica's port): its path and
+// query are parsed, then it is served as ServeWatch serves one.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		kube.WriteStatus(w, apierrors.NewMethodNotSupported(schemaGR(""), r.Method))
@@ -228,6 +268,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kube.WriteStatus(w, err)
 		return
 	}
+	s.watch(r.Context(), w, info, wr, watchOptions{accept: r.Header.Get("Accept"), gzip: service.AcceptsGzip(r)})
+}
+
+// watchOptions are what a watch asks of its stream besides its request:
+// the client's Accept header, whether it accepts gzip, and whether
+// frontdoor traces events (a session's stream only).
+type watchOptions struct {
+	accept      string
+	gzip        bool
+	traceEvents bool
+}
+
+// watch serves one watch (frontdoor has authenticated and authorized it).
+func (s *Server) watch(ctx context.Context, w http.ResponseWriter, info request.Info, wr *request.WatchRequest, opts watchOptions) {
 	plan := wr.Plan
 	timeout := s.cfg.MinTimeout + rand.N(s.cfg.MaxTimeout-s.cfg.MinTimeout+1)
 	if n := wr.TimeoutSeconds; n > 0 {
@@ -245,7 +299,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.m.watchers.Dec()
 	}()
 	h := s.hub(info.Resource)
-	if !h.waitSynced(r.Context(), s.cfg.UpstreamWait) {
+	if !h.waitSynced(ctx, s.cfg.UpstreamWait) {
 		if plan.Mode == rv.WatchAfter {
 			// A resume (every watch of a wave after the caches
 			// restarted): 429, on which client-go retries the watch
@@ -257,13 +311,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	f, err := s.negotiate(r, info.Resource)
+	f, err := s.negotiate(opts.accept, info.Resource)
 	if err != nil {
 		kube.WriteStatus(w, err)
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st := &stream{w: w, rc: http.NewResponseController(w), res: info.Resource, f: f, enc: s.encoder(info.Resource), m: s.m, clock: s.clock, batches: &s.batches}
 	w.Header().Set("Content-Type", f.contentType())
@@ -271,7 +325,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Compress only streams that start with a list's worth of initial
 	// state, and only when asked: compressing every event for every watcher
 	// would undo encode-once (kube-apiserver never compresses watches).
-	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && service.AcceptsGzip(r) {
+	if s.cfg.GzipInitial && plan.Mode == rv.WatchFromState && opts.gzip {
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Add("Vary", "Accept-Encoding")
 		st.gz = newGzipStream(w)
@@ -280,8 +334,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if st.gz == nil {
 		st.sw = segmentWriter(w)
 	}
-	// Trace lines are lines: only in a JSON stream.
-	st.traceLines = s.tracer != nil && st.gz == nil && f.mt == storage.MediaJSON && r.Header.Get(service.TraceLinesHeader) == "1"
+	// The trace contexts of traced events go to frontdoor as the
+	// session's trace frames.
+	st.traceEvents = s.tracer != nil && st.sw != nil && opts.traceEvents
 	w.WriteHeader(http.StatusOK)
 	st.flush()
 
@@ -760,38 +815,41 @@ type stream struct {
 	out     *[]byte
 	batches *sync.Pool
 
-	// sw: the stream of a session (watchmux), uncompressed: a batch is
+	// sw: the stream of a session (libs/watchsession), uncompressed: a batch is
 	// written as segments, the hub's events' encodings by reference, so
 	// that the session sends each once however many of its watches write
 	// it. parts is then the batch (its own bytes in out), segs the
 	// segments given to sw. pending: the batch's bytes.
-	sw      watchmux.SegmentWriter
+	sw      watchsession.SegmentWriter
 	parts   []part
 	pending int
-	segs    []watchmux.Segment
+	segs    []watchsession.Segment
 	// try: the stream's pacer is writing it, and must not wait
 	// (TryWriteSegments). blocked: a write found no room, and the batch
 	// (parts, out) waits, growing, until the watch's goroutine writes it
 	// (see paced).
 	try, blocked bool
 
-	// traceLines: write trace lines for frontdoor (see service.TraceLinesHeader).
-	traceLines bool
+	// traceEvents: write the trace context of traced events for frontdoor
+	// (watchsession.Segment.Trace).
+	traceEvents bool
 	// now: while a drain adds a batch, when it took it (wall time).
 	now time.Time
 }
 
-// part is a segment of a stream's batch: shared bytes, or out[from:to].
+// part is a segment of a stream's batch: shared bytes, out[from:to], or
+// the trace context of the event that follows.
 type part struct {
 	shared   []byte
 	from, to int
+	trace    string
 }
 
 // segmentWriter returns w's SegmentWriter, if it or one it wraps is one.
-func segmentWriter(w http.ResponseWriter) watchmux.SegmentWriter {
+func segmentWriter(w http.ResponseWriter) watchsession.SegmentWriter {
 	for {
 		switch x := w.(type) {
-		case watchmux.SegmentWriter:
+		case watchsession.SegmentWriter:
 			return x
 		case interface{ Unwrap() http.ResponseWriter }:
 			w = x.Unwrap()
@@ -832,7 +890,7 @@ func (st *stream) add(b []byte, shared bool) {
 	if st.sw == nil {
 		return // out is the batch
 	}
-	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].to == from {
+	if n := len(st.parts); n > 0 && st.parts[n-1].shared == nil && st.parts[n-1].trace == "" && st.parts[n-1].to == from {
 		st.parts[n-1].to = len(*st.out)
 	} else {
 		st.parts = append(st.parts, part{from: from, to: len(*st.out)})
@@ -862,10 +920,13 @@ func (st *stream) writeParts() {
 	}
 	segs := st.segs[:0]
 	for _, p := range st.parts {
-		if p.shared != nil {
-			segs = append(segs, watchmux.Segment{B: p.shared, Shared: true})
-		} else {
-			segs = append(segs, watchmux.Segment{B: (*st.out)[p.from:p.to]})
+		switch {
+		case p.trace != "":
+			segs = append(segs, watchsession.Segment{Trace: p.trace})
+		case p.shared != nil:
+			segs = append(segs, watchsession.Segment{B: p.shared, Shared: true})
+		default:
+			segs = append(segs, watchsession.Segment{B: (*st.out)[p.from:p.to]})
 		}
 	}
 	switch {
@@ -929,8 +990,8 @@ func (st *stream) event(it *item, t request.Transition) {
 		return
 	}
 	st.tableCols = true
-	if tl := st.traceLine(it); tl != nil {
-		st.raw(tl)
+	if tp := st.traceOf(it); tp != "" {
+		st.parts = append(st.parts, part{trace: tp})
 	}
 	st.add(b, it.sharedByMany())
 	if st.err != nil {

@@ -13,7 +13,7 @@ import (
 
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // Bounds of the internal watch server.
@@ -67,9 +67,10 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 		return nil, err
 	}
 	p.Admin.AddReadyCheck("cache-connection", conns.Connected)
-	// Frontdoor carries many watches over one stream of a session
-	// (watchmux); a frontdoor without sessions asks for each on its own.
-	sessions := &watchmux.Server{Handler: handler, Log: p.Log}
+	// Frontdoor carries its watches as streams of sessions
+	// (libs/watchsession), each on a connection of its own; every other
+	// request (a watch asked for directly) is served as it comes.
+	sessions := &watchsession.Server{Handler: handler, Fallback: handler, Log: p.Log}
 	promauto.With(p.Admin.Registry).NewGaugeFunc(prometheus.GaugeOpts{Name: "herald_fanout_watchmux_shared_bytes",
 		Help: "Bytes of events shared by several watches that frontdoor's sessions keep, at each end, for watches to refer to (up to the window frontdoor asks for; forgotten after 30-45 s unused)."},
 		func() float64 { return float64(sessions.SharedBytes()) })
@@ -98,7 +99,15 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	}
 	stopping := func(error) error {
 		stopHubs()
-		return errors.Join(srv.Shutdown(), conns.Close())
+		err := srv.Shutdown()
+		// The sessions' connections are their own, which the HTTP
+		// server's shutdown does not wait for: their watches have ended
+		// with it, and they end once they have sent that.
+		sessions.Shutdown() // as the server's shutdown does, before waiting
+		if !sessions.Wait(shutdownGrace) {
+			sessions.Close()
+		}
+		return errors.Join(err, conns.Close())
 	}
 	return service.NewService("fanout", starting, srv.Serve, stopping), nil
 }

@@ -39,15 +39,15 @@ func (h *hub) dispatchTraced(it *item) {
 	span.End()
 }
 
-// traceLine returns the trace line to write before it on a stream that
-// asked for them: only for a sampled event, and only on the first such
-// stream that writes it (one frontdoor span per event and fanout replica,
-// not one per watcher).
-func (st *stream) traceLine(it *item) []byte {
-	if !st.traceLines || it.tp == "" || !it.traced.CompareAndSwap(false, true) {
-		return nil
+// traceOf returns the trace context to write before it on a stream whose
+// frontdoor traces events: only for a sampled event, and only on the first
+// such stream that writes it (one frontdoor span per event and fanout
+// replica, not one per watcher).
+func (st *stream) traceOf(it *item) string {
+	if !st.traceEvents || it.tp == "" || !it.traced.CompareAndSwap(false, true) {
+		return ""
 	}
-	return service.TraceLine(it.tp)
+	return it.tp
 }
 
 // replicaCollector reports, at scrape time, each hub's revision (the fanout

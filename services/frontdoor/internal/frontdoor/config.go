@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/upstream"
 )
@@ -167,8 +167,8 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
 	}
-	if c.FanoutSharedWindow < watchmux.DefaultSharedWindow || c.FanoutSharedWindow > watchmux.MaxSharedWindow {
-		errs = append(errs, fmt.Errorf("fanout.shared-window must be from %d to %d bytes", watchmux.DefaultSharedWindow, watchmux.MaxSharedWindow))
+	if c.FanoutSharedWindow < watchsession.DefaultSharedWindow || c.FanoutSharedWindow > watchsession.MaxSharedWindow {
+		errs = append(errs, fmt.Errorf("fanout.shared-window must be from %d to %d bytes", watchsession.DefaultSharedWindow, watchsession.MaxSharedWindow))
 	}
 	if c.MaxWatchesPerUser < 0 {
 		errs = append(errs, errors.New("max-watches-per-user must not be negative (0: no per-user bound)"))

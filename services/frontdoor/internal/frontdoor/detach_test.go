@@ -26,15 +26,15 @@ import (
 // (the client sees the end of the stream, not an error) and ends the
 // upstream watch; the watch's slots, its replica's open count and the
 // open-watch gauge are released.
-func TestWatchThroughTLSServer(t *testing.T) { replicaKinds(t, testWatchThroughTLSServer) }
+func TestWatchThroughTLSServer(t *testing.T) { testWatchThroughTLSServer(t) }
 
-func testWatchThroughTLSServer(t *testing.T, sessions bool) {
+func testWatchThroughTLSServer(t *testing.T) {
 	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
 		t.Run(proto, func(t *testing.T) {
 			next := make(chan string)
 			ended := make(chan struct{}, 1)
 			var replicaAuditID atomic.Value
-			fan := newReplicaFake(sessions, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				defer func() { ended <- struct{}{} }()
 				replicaAuditID.Store(r.Header.Get("Audit-ID"))
 				w.Header().Set("Content-Type", "application/json")
@@ -122,7 +122,7 @@ func testWatchThroughTLSServer(t *testing.T, sessions bool) {
 				t.Fatalf("after the watch: replica count %d, watch slots %d, request slots %d, gauge %v; want 0 each",
 					b.open.Load(), s.watches.InUse(), s.requests.InUse(), testutil.ToFloat64(s.m.longrunning))
 			}
-			fan.servedAs(t, sessions)
+			fan.servedAs(t)
 		})
 	}
 }
@@ -131,13 +131,13 @@ func testWatchThroughTLSServer(t *testing.T, sessions bool) {
 // has stopped reading (its stream's write blocked) is cut once the
 // shutdown grace period has passed (net/http no longer tracks its
 // connection, so its Close would not), and everything it held is released.
-func TestShutdownCutsWatchNotRead(t *testing.T) { replicaKinds(t, testShutdownCutsWatchNotRead) }
+func TestShutdownCutsWatchNotRead(t *testing.T) { testShutdownCutsWatchNotRead(t) }
 
-func testShutdownCutsWatchNotRead(t *testing.T, sessions bool) {
+func testShutdownCutsWatchNotRead(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	line := []byte(`{"type":"ADDED","object":{"pad":"` + strings.Repeat("x", 64<<10) + `"}}` + "\n")
 	var written atomic.Int64
-	fan := newReplicaFake(sessions, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fan := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for r.Context().Err() == nil {
 			if _, err := w.Write(line); err != nil {
 				return
@@ -185,5 +185,5 @@ func testShutdownCutsWatchNotRead(t *testing.T, sessions bool) {
 	if b.open.Load() != 0 || s.watches.InUse() != 0 || s.fanout.buffers.lent.Load() != 0 {
 		t.Fatalf("after the cut: replica count %d, watch slots %d, buffers lent %d; want 0 each", b.open.Load(), s.watches.InUse(), s.fanout.buffers.lent.Load())
 	}
-	fan.servedAs(t, sessions)
+	fan.servedAs(t)
 }

@@ -509,8 +509,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 // (its slots, its audit line) runs when the watch ends.
 func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(w)
-	rec, end, au, u, started := sc.rec, sc.end, sc.audit, sc.user, watchInit(w)
-	resource, wr := sc.target.info.Resource.ID(), sc.options.watch
+	rec, end, au, started := sc.rec, sc.end, sc.audit, watchInit(w)
+	info, wr := sc.target.info, sc.options.watch
+	resource := info.Resource.ID()
 	// The watch's handler (an HTTP/2 stream's) lasts as long as the watch:
 	// what the filters learned is not kept that long.
 	sc.target, sc.options, sc.watchInit = nil, nil, nil
@@ -525,7 +526,7 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request) {
 		// connection's buffers, alive; nor the filters' scope.
 		rec.ResponseWriter, rec.scope = nil, nil
 	}
-	s.fanout.serve(w, r, u, wr, started, end)
+	s.fanout.serve(w, r, info, wr, started, end)
 }
 
 // serveList answers a LIST or GET from the cache, or, older than the

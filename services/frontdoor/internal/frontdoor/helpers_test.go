@@ -18,6 +18,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,7 +31,7 @@ import (
 
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 )
 
 // testCA is a certificate authority for tests.
@@ -231,84 +233,76 @@ func statusOf(t testing.TB, b []byte) (int32, string, string) {
 func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOnError) }
 
 // fanoutFake is a stand-in fanout replica speaking what the real one does:
-// HTTP/1.1 and HTTP/2 without TLS (h2c), h serving every watch on its own
-// HTTP/2 stream or as a stream of a session (watchmux).
+// sessions (libs/watchsession) on an HTTP/1.1 and h2c port, h serving each
+// watch as a GET of its path (built from the stream request) with the
+// request's Accept header.
 type fanoutFake struct {
 	*httptest.Server
-	sessions *watchmux.Server // nil: a replica without sessions
-	// ownStream: the requests h served that came on their own HTTP/2
-	// stream; served: all it served (the rest came as streams of a
-	// session).
-	ownStream, served atomic.Int64
+	sessions *watchsession.Server
+	// served: the watches h served; reqs, the stream requests.
+	served atomic.Int64
+	mu     sync.Mutex
+	reqs   []*heraldv1.WatchStreamRequest
 }
 
-// servedAs fails t unless every request the replica served came as the
-// replica's kind makes frontdoor send it, and at least one came.
-func (f *fanoutFake) servedAs(t *testing.T, sessions bool) {
+// servedAs fails t unless the replica served at least one watch.
+func (f *fanoutFake) servedAs(t *testing.T) {
 	t.Helper()
-	own := f.ownStream.Load()
-	in := f.served.Load() - own
-	if sessions && (own != 0 || in == 0) || !sessions && (in != 0 || own == 0) {
-		t.Fatalf("replica with sessions %v served %d requests on their own stream and %d in sessions", sessions, own, in)
+	if f.served.Load() == 0 {
+		t.Fatal("the replica served no watch")
 	}
+}
+
+// requests are the stream requests the replica received.
+func (f *fanoutFake) requests() []*heraldv1.WatchStreamRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.reqs)
 }
 
 // Close ends the sessions (frontdoor keeps them open between watches), then
 // the server.
 func (f *fanoutFake) Close() {
-	if f.sessions != nil {
-		f.sessions.Close()
-	}
+	f.sessions.Close()
 	f.Server.Close()
 }
 
-// newFanoutFake starts a fanoutFake.
-func newFanoutFake(h http.Handler) *fanoutFake { return newReplicaFake(true, h) }
-
-// replicaKinds runs f against a replica with sessions and one without
-// (where frontdoor carries each watch on its own HTTP/2 stream).
-func replicaKinds(t *testing.T, f func(t *testing.T, sessions bool)) {
-	for _, sessions := range []bool{true, false} {
-		name := "sessions"
-		if !sessions {
-			name = "stream-per-watch"
-		}
-		t.Run(name, func(t *testing.T) { f(t, sessions) })
-	}
+// fakeWatch serves a fanoutFake's watches with its handler.
+type fakeWatch struct {
+	f *fanoutFake
+	h http.Handler
 }
 
-// newReplicaFake starts a fanoutFake; without sessions, it answers a
-// request for one with a 404, as a replica of an earlier version does.
-func newReplicaFake(sessions bool, h http.Handler) *fanoutFake {
+func (fw fakeWatch) ServeWatch(ctx context.Context, w http.ResponseWriter, req *heraldv1.WatchStreamRequest) {
+	fw.f.served.Add(1)
+	fw.f.mu.Lock()
+	fw.f.reqs = append(fw.f.reqs, req)
+	fw.f.mu.Unlock()
+	path := "/api/" + req.Version
+	if req.Group != "" {
+		path = "/apis/" + req.Group + "/" + req.Version
+	}
+	if req.Namespace != "" {
+		path += "/namespaces/" + req.Namespace
+	}
+	path += "/" + req.Resource
+	if req.Name != "" {
+		path += "/" + req.Name
+	}
+	r := httptest.NewRequest(http.MethodGet, path+"?watch=true", nil).WithContext(ctx)
+	r.Header.Set("Accept", req.Accept)
+	if req.AcceptGzip {
+		r.Header.Set("Accept-Encoding", "gzip")
+	}
+	fw.h.ServeHTTP(w, r)
+}
+
+// newFanoutFake starts a fanoutFake.
+func newFanoutFake(h http.Handler) *fanoutFake {
 	f := &fanoutFake{}
-	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.served.Add(1)
-		h.ServeHTTP(w, r)
-	})
-	// What reaches the server's handler (but a session) came on its own
-	// stream; a session's streams go from the session to counted.
-	var root http.Handler
-	if sessions {
-		f.sessions = &watchmux.Server{Handler: counted}
-		root = f.sessions
-	} else {
-		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == watchmux.Path {
-				http.NotFound(w, r) // no sessions here
-				return
-			}
-			counted.ServeHTTP(w, r)
-		})
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != watchmux.Path {
-			f.ownStream.Add(1)
-		}
-		root.ServeHTTP(w, r)
-	}))
-	if sessions {
-		srv.Config.RegisterOnShutdown(f.sessions.Shutdown)
-	}
+	f.sessions = &watchsession.Server{Handler: fakeWatch{f, h}}
+	srv := httptest.NewUnstartedServer(f.sessions)
+	srv.Config.RegisterOnShutdown(f.sessions.Shutdown)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)

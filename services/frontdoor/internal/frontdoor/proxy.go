@@ -24,27 +24,15 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/request"
+	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/rv"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
 	"herald.dev/libs/storage"
+	"herald.dev/libs/watchsession"
 	"herald.dev/services/frontdoor/internal/apierr"
-	"herald.dev/services/frontdoor/internal/upstream"
-)
-
-// Identity headers on the internal hop to fanout, kube-apiserver's
-// request-header authentication convention. Frontdoor removes any a client
-// sent and sets them from the authenticated user; a fanout replica must only
-// be reachable from frontdoors (loopback, a network policy, or mutual TLS
-// with fanout.tls.*).
-const (
-	hdrRemoteUser  = "X-Remote-User"
-	hdrRemoteGroup = "X-Remote-Group"
-	hdrRemoteUID   = "X-Remote-Uid"
 )
 
 // fanoutPool routes watches to fanout replicas: the least loaded one that
@@ -100,7 +88,7 @@ type fanoutPool struct {
 	responseTimeout time.Duration
 	// transport carries every watch to the replicas; buffers are the
 	// watches' copy buffers (see copyStream).
-	transport http.RoundTripper
+	transport watchTransport
 	buffers   *copyBuffers
 	// streams are the detached streams' connections and the cancels of
 	// their upstream watches: the server's shutdown (shutdown, registered
@@ -144,8 +132,14 @@ func (p *fanoutPool) shutdown() {
 }
 
 // sessionStreams is the watches a session to a replica carries (see
-// watchmux): each session has one writer in fanout and one reader here.
+// libs/watchsession): each session has one writer in fanout and one reader
+// here.
 const sessionStreams = 500
+
+// watchTransport carries a watch to a replica (watchsession.Client).
+type watchTransport interface {
+	Watch(ctx context.Context, replica *url.URL, req *heraldv1.WatchStreamRequest) (*http.Response, error)
+}
 
 // copyBufferSize is the size of the buffer a watch borrows to copy what
 // its replica has sent. The reverse proxy's 32 KB: under load a read carries
@@ -253,10 +247,9 @@ func (b *backend) load() int64 {
 
 // attempt is the outcome of proxying a watch to one replica.
 type attempt struct {
-	user  *User
-	query string // the watch's options, as parsed (request.WatchRequest.Query)
-	last  bool   // no replica left to retry on: pass a 503 through
-	err   error  // the replica failed before the response started
+	req  *heraldv1.WatchStreamRequest // the watch, as parsed
+	last bool                         // no replica left to retry on: pass a 503 through
+	err  error                        // the replica failed before the response started
 	// cancel aborts the upstream request; done unregisters a streaming
 	// watch (set once its response has started, if it can be shed).
 	cancel context.CancelFunc
@@ -280,39 +273,10 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	if err != nil {
 		return nil, fmt.Errorf("fanout.tls: %w", err)
 	}
-	dial := (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext
-	if !slices.ContainsFunc(cfg.fanouts(), func(a string) bool { return strings.HasPrefix(a, "https://") }) {
-		// h2c to every replica: hold back the flow-control updates (see
-		// windowConn), read in large pieces (bufferedConn).
-		plain := dial
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := plain(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return newBufferedConn(newWindowConn(c, time.Now)), nil
-		}
-	}
-	tr := &http.Transport{
-		Proxy:               nil,
-		DialContext:         dial,
-		TLSClientConfig:     tlsCfg,
-		TLSHandshakeTimeout: cfg.FanoutDialTimeout,
-		// Watches to one replica share HTTP/2 connections (h2c in
-		// plaintext): per-connection buffers would otherwise cost every
-		// watch. Spreading does not depend on connections: the pool picks
-		// the replica (by address) for every watch.
-		Protocols:           service.ClientProtocols(),
-		HTTP2:               &http.HTTP2Config{MaxReceiveBufferPerStream: fanoutStreamWindow, MaxReceiveBufferPerConnection: fanoutConnWindow},
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     90 * time.Second,
-		// Watches are already compressed or not by the client's choice; the
-		// proxy must not add its own Accept-Encoding.
-		DisableCompression: true,
-	}
-	// Watches go as streams of sessions (watchmux), one HTTP/2 stream
-	// carrying many; to a replica without sessions, each on its own.
-	sessions := &watchmux.Client{Transport: tr, MaxStreams: sessionStreams, Retry: time.Minute, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
+	// Watches go as streams of sessions (libs/watchsession), up to
+	// sessionStreams to a session, each session a connection of its own.
+	sessions := &watchsession.Client{Dial: (&net.Dialer{Timeout: cfg.FanoutDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLS: tlsCfg, MaxStreams: sessionStreams, OpenTimeout: cfg.FanoutResponseTimeout, SharedWindow: cfg.FanoutSharedWindow, Log: log}
 	m.sessions.Store(sessions)
 	p.transport = sessions
 	p.streams = map[net.Conn]context.CancelFunc{}
@@ -476,19 +440,6 @@ func (b *endCleanly) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// setIdentity replaces every identity header with the user's. Credentials
-// never go to fanout.
-func setIdentity(h http.Header, u *User) {
-	upstream.DropIdentity(h)
-	h.Set(hdrRemoteUser, u.Name)
-	if u.UID != "" {
-		h.Set(hdrRemoteUID, u.UID)
-	}
-	for _, g := range u.Groups {
-		h.Add(hdrRemoteGroup, g)
-	}
-}
-
 // order returns the replicas to try: up ones by load, then down ones (a
 // replica may have come back; trying it beats failing).
 func (p *fanoutPool) order() []*backend {
@@ -518,13 +469,16 @@ func (p *fanoutPool) order() []*backend {
 	return out
 }
 
-// serve proxies one authorized watch, wr its parsed options; started runs
-// (at most once) when a replica's response starts.
-func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *request.WatchRequest, started func(), end *requestEnd) {
+// serve proxies one authorized watch, info its resource and wr its parsed
+// options; started runs (at most once) when a replica's response starts.
+func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, info request.Info, wr *request.WatchRequest, started func(), end *requestEnd) {
 	order := p.order()
-	query := wr.Query().Encode()
+	req := watchsession.NewRequest(info, wr)
+	req.Accept = r.Header.Get("Accept")
+	req.AcceptGzip = service.AcceptsGzip(r)
+	req.TraceEvents = p.tracer != nil
 	for i, b := range order {
-		at := &attempt{user: u, query: query, last: i == len(order)-1, started: started, end: end}
+		at := &attempt{req: req, last: i == len(order)-1, started: started, end: end}
 		p.proxy(b, w, r, at)
 		if at.err == nil {
 			return
@@ -550,12 +504,11 @@ func (p *fanoutPool) serve(w http.ResponseWriter, r *http.Request, u *User, wr *
 	kube.WriteStatus(w, apierr.Unavailable("no watch server is reachable, please try again"))
 }
 
-// proxy runs one attempt on b: what httputil.ReverseProxy does for a GET
-// (hop-by-hop and forwarding headers dropped both ways), with the watch's
-// own rules: the request goes as frontdoor parsed it, with the user's
-// identity and never the credential; a 503 or a failure before the
-// response starts is left to serve to retry on the next replica; and the
-// body is copied by copyStream, or by a detachedStream (see detach).
+// proxy runs one attempt on b: the watch goes as frontdoor parsed it (a
+// stream of a session), never with the client's credential or headers; a
+// 503 or a failure before the response starts is left to serve to retry on
+// the next replica; hop-by-hop headers are dropped from the response; and
+// the body is copied by copyStream, or by a detachedStream (see detach).
 // Whatever way it ends, b's open count and streaming set are restored.
 func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, at *attempt) {
 	// The attempt's context ends with the request (the client leaves, the
@@ -581,42 +534,10 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 			endAttempt(b, resp, at.done, cancel)
 		}
 	}()
-	// A new request, not r's clone: the transport keeps it for the
-	// watch's life, and a clone would keep r's state (its TLS state, its
-	// request line).
-	out, err := http.NewRequestWithContext(ctx, r.Method, "", nil)
-	if err != nil {
-		at.err = err
-		return
-	}
-	out.Header = r.Header.Clone()
-	u := *b.url
-	u.Path = strings.TrimRight(b.url.Path, "/") + r.URL.Path
-	if r.URL.RawPath != "" {
-		u.RawPath = strings.TrimRight(b.url.EscapedPath(), "/") + r.URL.RawPath
-	}
-	out.URL = &u
-	// Forward the watch as frontdoor parsed and validated it, in its
-	// canonical encoding: fanout decodes it with the same parser and cannot
-	// read anything else into it.
-	out.URL.RawQuery = at.query
-	dropHopHeaders(out.Header)
-	// The audit ID is frontdoor's to log: the watch's stream keeps its
-	// request's headers for the watch's life.
-	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", auditinternal.HeaderAuditID} {
-		out.Header.Del(h)
-	}
-	setIdentity(out.Header, at.user)
-	p.rewriteTrace(out)
-	// The HTTP/2 transport (watchmux's fallback) keeps the request for the
-	// watch's life: its headers are copied anew, so that the values
-	// dropped above (the client's credential: a service account's token is
-	// ~1 KB) are not kept with them.
-	out.Header = out.Header.Clone()
-	// The transport's ResponseHeaderTimeout would keep a timer for the
-	// watch's life; this one is dropped once the response starts.
+	// The replica's time to start its response: the timer is dropped once
+	// it has.
 	timeout := time.AfterFunc(p.responseTimeout, cancel)
-	resp, err = p.transport.RoundTrip(out)
+	resp, err := p.transport.Watch(ctx, b.url, at.req)
 	if !timeout.Stop() {
 		if err == nil {
 			resp.Body.Close()
@@ -634,11 +555,7 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 		at.err = errReplicaUnavailable
 		return
 	}
-	p.traceResponse(resp)
-	// The response is kept for the watch's life, and with it the request
-	// it names (its headers, URL and state, about 1 KB): nothing reads it
-	// past this point.
-	resp.Request = nil
+	p.traceResponse(ctx, resp)
 	b.failing.Store(false)
 	at.started()
 	if resp.StatusCode == http.StatusOK {
@@ -667,8 +584,8 @@ func (p *fanoutPool) proxy(b *backend, w http.ResponseWriter, r *http.Request, a
 			// The transport keeps the response for the watch's life; its
 			// headers are the client's now.
 			resp.Header = nil
-			// The stream keeps only what it releases (not the attempt,
-			// its user and query).
+			// The stream keeps only what it releases (not the attempt
+			// and its request).
 			ds := &detachedStream{p: p, conn: conn, resp: resp, cancel: cancel, b: b, unregister: at.done, end: at.end}
 			go ds.run(head)
 			return

@@ -22,9 +22,9 @@ import (
 
 // streamingFanout is a fanout replica whose watches send one event and then
 // stay open until the request ends; ended receives each watch's end.
-func streamingFanout(t *testing.T, sessions bool) (*fanoutFake, chan struct{}) {
+func streamingFanout(t *testing.T) (*fanoutFake, chan struct{}) {
 	ended := make(chan struct{}, 64)
-	srv := newReplicaFake(sessions, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newFanoutFake(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", storage.MediaJSON)
 		w.Write([]byte(`{"type":"ADDED","object":{}}` + "\n"))
 		http.NewResponseController(w).Flush()
@@ -71,7 +71,7 @@ func openWatch(t *testing.T, c *http.Client, base string) (*bufio.Reader, io.Clo
 func TestWatchCountReleasedOnAbort(t *testing.T) {
 	for _, proto := range []string{"HTTP/1.1", "HTTP/2"} {
 		t.Run(proto, func(t *testing.T) {
-			fan, ended := streamingFanout(t, true)
+			fan, ended := streamingFanout(t)
 			s, _ := testServer(t, fan.URL, nil)
 			front := httptest.NewUnstartedServer(s)
 			front.EnableHTTP2 = proto == "HTTP/2"
@@ -103,11 +103,11 @@ func TestWatchCountReleasedOnAbort(t *testing.T) {
 // (io.EOF after a whole event: the client resumes from its
 // resourceVersion), a bounded number per round, until both hold their
 // share; then nothing more is ended.
-func TestRebalanceShedsExcessWatches(t *testing.T) { replicaKinds(t, testRebalanceShedsExcessWatches) }
+func TestRebalanceShedsExcessWatches(t *testing.T) { testRebalanceShedsExcessWatches(t) }
 
-func testRebalanceShedsExcessWatches(t *testing.T, sessions bool) {
-	old, oldEnded := streamingFanout(t, sessions)
-	fresh, _ := streamingFanout(t, sessions)
+func testRebalanceShedsExcessWatches(t *testing.T) {
+	old, oldEnded := streamingFanout(t)
+	fresh, _ := streamingFanout(t)
 	s, _ := testServer(t, old.URL, func(c *Config) { c.FanoutRebalanceShare = 0.1 })
 	front := httptest.NewServer(s)
 	defer front.Close()
@@ -160,14 +160,14 @@ func testRebalanceShedsExcessWatches(t *testing.T, sessions bool) {
 		t.Fatalf("with both replicas at their share: %d and %d open, %d ended; want 2 and 2, none",
 			a.open.Load(), b.open.Load(), moved.Load())
 	}
-	old.servedAs(t, sessions)
-	fresh.servedAs(t, sessions)
+	old.servedAs(t)
+	fresh.servedAs(t)
 }
 
 // TestRebalanceSkipsFailingReplicas: no watch is moved towards a replica
 // whose last attempt failed, unless it accepts connections again.
 func TestRebalanceSkipsFailingReplicas(t *testing.T) {
-	old, _ := streamingFanout(t, true)
+	old, _ := streamingFanout(t)
 	s, _ := testServer(t, old.URL, nil)
 	front := httptest.NewServer(s)
 	defer front.Close()

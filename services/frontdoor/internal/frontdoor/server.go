@@ -71,7 +71,7 @@ import (
 	"herald.dev/libs/kube"
 	heraldv1 "herald.dev/libs/proto/herald/v1"
 	"herald.dev/libs/service"
-	"herald.dev/libs/service/watchmux"
+	"herald.dev/libs/watchsession"
 	"herald.dev/services/frontdoor/internal/audit"
 	"herald.dev/services/frontdoor/internal/authn"
 	"herald.dev/services/frontdoor/internal/authz"
@@ -96,7 +96,7 @@ type metrics struct {
 	olderThanWindow *prometheus.CounterVec
 	forwarded       *prometheus.CounterVec
 	// sessions: the fanout pool's, once it exists (its shared bytes).
-	sessions atomic.Pointer[watchmux.Client]
+	sessions atomic.Pointer[watchsession.Client]
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

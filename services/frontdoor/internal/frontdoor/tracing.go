@@ -1,7 +1,6 @@
 package frontdoor
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -11,148 +10,74 @@ import (
 
 	"herald.dev/libs/kube/request"
 	"herald.dev/libs/service"
-	"herald.dev/libs/storage"
 )
 
 // Option configures a Server beyond its Config.
 type Option func(*Server)
 
 // WithTracer makes frontdoor continue the trace of every sampled event it
-// proxies: it asks fanout for trace lines on the internal hop (see
-// service.TraceLinesHeader), removes them from the stream, and records one
-// short "frontdoor.deliver" span per traced event, child of fanout's
-// fanout.dispatch span and linked to the WATCH request's span. nil: no
-// tracing, and no trace lines requested.
+// proxies: it asks fanout for the events' trace contexts (the stream
+// request's trace_events; they come as the session's trace frames, no
+// bytes of the stream), and records one short "frontdoor.deliver" span per
+// traced event, child of fanout's fanout.dispatch span and linked to the
+// WATCH request's span. nil: no tracing, and no trace contexts requested.
 func WithTracer(t trace.Tracer) Option { return func(s *Server) { s.tracer = t } }
 
-// maxTraceLine bounds what is kept of a line starting with '#' (a trace
-// line is about 75 bytes; see service.TraceLinePrefix).
-const maxTraceLine = 256
-
-// rewriteTrace asks for trace lines when tracing is on; a client's own
-// header never reaches fanout.
-func (p *fanoutPool) rewriteTrace(out *http.Request) {
-	out.Header.Del(service.TraceLinesHeader)
-	if p.tracer != nil {
-		out.Header.Set(service.TraceLinesHeader, "1")
-	}
-}
-
-// traceResponse strips trace lines from a watch stream that may carry them.
-func (p *fanoutPool) traceResponse(resp *http.Response) {
-	// Only JSON streams carry trace lines: a protobuf one is left alone.
-	if p.tracer == nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" ||
-		mediaType(resp.Header) != storage.MediaJSON {
+// traceResponse records the deliveries of the traced events of a watch's
+// stream (see WithTracer).
+func (p *fanoutPool) traceResponse(ctx context.Context, resp *http.Response) {
+	hooked, ok := resp.Body.(interface {
+		SetTraceHook(func(traceparent string))
+	})
+	if p.tracer == nil || resp.StatusCode != http.StatusOK || !ok {
 		return
 	}
-	resp.Body = &traceStripper{rc: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(resp.Request.Context()),
-		buf: make([]byte, 32<<10), atStart: true}
+	d := &deliverySpans{ReadCloser: resp.Body, tracer: p.tracer, link: trace.LinkFromContext(ctx)}
+	hooked.SetTraceHook(d.start)
+	resp.Body = d
 }
 
-// traceStripper removes trace lines from a watch stream and records a
-// frontdoor.deliver span for each: from reading the line to the proxy's
-// next read, that is, until the event after it has been written and
-// flushed to the client (the reverse proxy writes every read at once).
-type traceStripper struct {
-	rc     io.ReadCloser
+// deliverySpans records a frontdoor.deliver span for each traced event of
+// a stream: from the read that reaches the event's bytes (the stream calls
+// start) to the proxy's next read, that is, until the event has been
+// written and flushed to the client (every read is written at once).
+type deliverySpans struct {
+	io.ReadCloser
 	tracer trace.Tracer
 	link   trace.Link
-
-	buf     []byte
-	out     []byte // filtered bytes not yet returned
-	err     error
-	atStart bool // the next byte starts a line
-	inMark  bool // inside a trace line
-	mark    []byte
-	open    []trace.Span // delivery spans to end at the next read
+	open   []trace.Span // delivery spans to end at the next read
 }
 
-func (s *traceStripper) Read(p []byte) (int, error) {
-	if len(s.out) == 0 {
-		s.endSpans()
-	}
-	for len(s.out) == 0 {
-		if s.err != nil {
-			return 0, s.err
-		}
-		n, err := s.rc.Read(s.buf)
-		s.err = err
-		s.out = s.filter(s.buf[:n])
-	}
-	n := copy(p, s.out)
-	s.out = s.out[n:]
-	return n, nil
+func (d *deliverySpans) Read(p []byte) (int, error) {
+	d.end()
+	return d.ReadCloser.Read(p)
 }
 
-func (s *traceStripper) Close() error {
-	s.endSpans()
-	return s.rc.Close()
+func (d *deliverySpans) Close() error {
+	d.end()
+	return d.ReadCloser.Close()
 }
 
-func (s *traceStripper) endSpans() {
-	for i, sp := range s.open {
+func (d *deliverySpans) end() {
+	for i, sp := range d.open {
 		sp.End()
-		s.open[i] = nil
+		d.open[i] = nil
 	}
-	s.open = s.open[:0]
+	d.open = d.open[:0]
 }
 
-// filter removes trace lines from b in place and returns what is left.
-func (s *traceStripper) filter(b []byte) []byte {
-	w := 0
-	for i := 0; i < len(b); {
-		if s.inMark {
-			j := bytes.IndexByte(b[i:], '\n')
-			end := len(b)
-			if j >= 0 {
-				end = i + j
-			}
-			if room := maxTraceLine - len(s.mark); room > 0 {
-				s.mark = append(s.mark, b[i:min(end, i+room)]...)
-			}
-			if j < 0 {
-				break
-			}
-			i = end + 1
-			s.inMark, s.atStart = false, true
-			s.startSpan(string(s.mark))
-			s.mark = s.mark[:0]
-			continue
-		}
-		if s.atStart && b[i] == '#' {
-			s.inMark, s.atStart = true, false
-			s.mark = append(s.mark, '#')
-			i++
-			continue
-		}
-		j := bytes.IndexByte(b[i:], '\n')
-		if j < 0 {
-			w += copy(b[w:], b[i:])
-			s.atStart = false
-			break
-		}
-		w += copy(b[w:], b[i:i+j+1])
-		i += j + 1
-		s.atStart = true
-	}
-	return b[:w]
-}
-
-func (s *traceStripper) startSpan(line string) {
-	tp, ok := service.ParseTraceLine(line)
-	if !ok {
-		return
-	}
+// start starts the delivery span of the event whose trace context is tp.
+func (d *deliverySpans) start(tp string) {
 	ctx := service.ContextWithTraceparent(context.Background(), tp)
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
 	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("herald.hop", "frontdoor"))}
-	if s.link.SpanContext.IsValid() {
-		opts = append(opts, trace.WithLinks(s.link))
+	if d.link.SpanContext.IsValid() {
+		opts = append(opts, trace.WithLinks(d.link))
 	}
-	_, sp := s.tracer.Start(ctx, "frontdoor.deliver", opts...)
-	s.open = append(s.open, sp)
+	_, sp := d.tracer.Start(ctx, "frontdoor.deliver", opts...)
+	d.open = append(d.open, sp)
 }
 
 // RequestSpanName names frontdoor's request spans by Kubernetes verb (for

@@ -1,58 +1,80 @@
 package frontdoor
 
 import (
+	"context"
 	"io"
+	"net/http"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// chunked returns the stream in reads of n bytes, so that trace lines and
-// event lines are split at every possible point.
-type chunked struct {
-	s string
-	n int
+// hookedBody is a stream's body that calls its trace hook as a session's
+// does: within the read that returns the traced event's bytes.
+type hookedBody struct {
+	reads []hookedRead
+	hook  func(string)
 }
 
-func (c *chunked) Read(p []byte) (int, error) {
-	if c.s == "" {
+type hookedRead struct {
+	trace string // "": none
+	b     string
+}
+
+func (b *hookedBody) SetTraceHook(f func(string)) { b.hook = f }
+
+func (b *hookedBody) Read(p []byte) (int, error) {
+	if len(b.reads) == 0 {
 		return 0, io.EOF
 	}
-	k := min(c.n, len(p), len(c.s))
-	copy(p, c.s[:k])
-	c.s = c.s[k:]
-	return k, nil
+	r := b.reads[0]
+	b.reads = b.reads[1:]
+	if r.trace != "" && b.hook != nil {
+		b.hook(r.trace)
+	}
+	return copy(p, r.b), nil
 }
 
-func (c *chunked) Close() error { return nil }
+func (b *hookedBody) Close() error { return nil }
 
-func TestTraceStripperRemovesTraceLines(t *testing.T) {
+// TestDeliverySpans: each traced event of a stream gets one
+// frontdoor.deliver span, child of the event's trace context, started by
+// the read that returns the event and ended at the next read (once the
+// event was written to the client); the stream's bytes pass unchanged.
+func TestDeliverySpans(t *testing.T) {
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	ev1 := `{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"a#b"}}}` + "\n"
-	ev2 := `{"type":"MODIFIED","object":{"kind":"Pod"}}` + "\n"
-	in := "#herald:traceparent=" + tp + "\n" + ev1 + ev2 + "#herald:traceparent=" + tp + "\n" + "#unknown\n" + ev2
-	want := ev1 + ev2 + ev2
-	for n := 1; n <= len(in); n++ {
-		rec := tracetest.NewSpanRecorder()
-		tr := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("t")
-		s := &traceStripper{rc: &chunked{in, n}, tracer: tr, buf: make([]byte, 64), atStart: true}
-		got, err := io.ReadAll(s)
+	rec := tracetest.NewSpanRecorder()
+	p := &fanoutPool{tracer: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("t")}
+	body := &hookedBody{reads: []hookedRead{{"", "plain\n"}, {tp, "traced\n"}, {"", "plain\n"}, {"not a traceparent", "x\n"}, {tp, "traced\n"}}}
+	resp := &http.Response{StatusCode: http.StatusOK, Body: body}
+	p.traceResponse(context.Background(), resp)
+	buf := make([]byte, 64)
+	var got string
+	for i := 0; ; i++ {
+		n, err := resp.Body.Read(buf)
+		got += string(buf[:n])
 		if err != nil {
-			t.Fatal(err)
+			break
 		}
-		s.Close()
-		if string(got) != want {
-			t.Fatalf("reads of %d: got %q, want %q", n, got, want)
+		if i == 1 && len(rec.Ended()) != 0 {
+			t.Fatal("the delivery span ended before the event was written")
 		}
-		spans := rec.Ended()
-		if len(spans) != 2 {
-			t.Fatalf("reads of %d: %d spans, want 2", n, len(spans))
+		if i == 2 && len(rec.Ended()) != 1 {
+			t.Fatalf("after the read following the traced event: %d spans ended, want 1", len(rec.Ended()))
 		}
-		for _, sp := range spans {
-			if sp.Name() != "frontdoor.deliver" || sp.Parent().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" || sp.Parent().SpanID().String() != "b7ad6b7169203331" {
-				t.Fatalf("span %s parent %v", sp.Name(), sp.Parent())
-			}
+	}
+	resp.Body.Close()
+	if got != "plain\ntraced\nplain\nx\ntraced\n" {
+		t.Fatalf("body %q", got)
+	}
+	spans := rec.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	for _, sp := range spans {
+		if sp.Name() != "frontdoor.deliver" || sp.Parent().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" || sp.Parent().SpanID().String() != "b7ad6b7169203331" {
+			t.Fatalf("span %s parent %v", sp.Name(), sp.Parent())
 		}
 	}
 }

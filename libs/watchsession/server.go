@@ -1,8 +1,7 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,10 +11,15 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"google.golang.org/protobuf/proto"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // maxPending bounds what a session holds for its writer: a stream's write
@@ -23,23 +27,30 @@ import (
 // streams write).
 const maxPending = 4 << 20
 
-// Server serves sessions at Path: each stream's request goes to Handler as
-// if it had come on its own HTTP/2 stream, with a context that ends when
-// frontdoor cancels the stream or the session ends. Every other request
-// goes to Handler as it came (a frontdoor without sessions, or one that
-// fell back to a watch per stream).
+// WatchHandler serves a stream's watch: req is the watch as frontdoor
+// parsed it; ctx ends when frontdoor cancels the stream or the session
+// ends. w is the stream's: a SegmentWriter, with a write deadline
+// (http.ResponseController's SetWriteDeadline).
+type WatchHandler interface {
+	ServeWatch(ctx context.Context, w http.ResponseWriter, req *heraldv1.WatchStreamRequest)
+}
+
+// Server serves sessions at Path: each stream's watch goes to Handler.
+// Every other request goes to Fallback (nil: 404).
 type Server struct {
-	Handler http.Handler
-	Log     *slog.Logger
+	Handler  WatchHandler
+	Fallback http.Handler
+	Log      *slog.Logger
 	// SharedIdle is how long a session keeps its oldest shared bytes
-	// while no stream refers to them, where frontdoor understands forget
-	// frames (0: DefaultSharedIdle). Expiry runs every half of it, so they
-	// go after between SharedIdle and one and a half times that unused.
+	// while no stream refers to them (0: DefaultSharedIdle). Expiry runs
+	// every half of it, so they go after between SharedIdle and one and a
+	// half times that unused.
 	SharedIdle time.Duration
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closing  bool
+	served   sync.WaitGroup // the sessions' ServeHTTP
 
 	sharedKept atomic.Int64 // SharedBytes
 }
@@ -49,8 +60,11 @@ type Server struct {
 func (s *Server) SharedBytes() int64 { return s.sharedKept.Load() }
 
 // Shutdown ends every session once its streams have ended (a fanout
-// replica ends its watches when it stops); a session opened after it gets
-// 503. Register it with http.Server.RegisterOnShutdown.
+// replica ends its watches when it stops); a stream opened after it ends at
+// once without a head, and a session asked for gets 503. Register it with
+// http.Server.RegisterOnShutdown: a session's connection is its own (taken
+// over from net/http), which the server's Shutdown does not wait for: Wait
+// does.
 func (s *Server) Shutdown() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -60,11 +74,27 @@ func (s *Server) Shutdown() {
 	}
 }
 
-// errServerClosed ends the sessions of a closed server.
-var errServerClosed = errors.New("watchmux: server closed")
+// Wait waits until every session has ended, at most d; false if some had
+// not.
+func (s *Server) Wait(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		s.served.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
 
-// Close ends every session now, and their streams' requests' contexts; a
-// session asked for afterwards gets 503.
+// errServerClosed ends the sessions of a closed server.
+var errServerClosed = errors.New("watchsession: server closed")
+
+// Close ends every session now, and their streams' contexts; a session
+// asked for afterwards gets 503.
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closing = true
@@ -78,51 +108,65 @@ func (s *Server) Close() {
 	}
 }
 
-// ServeHTTP serves a request at Path as one session: it reads frontdoor's frames from the
-// request body and writes the streams' frames to the response, until
-// frontdoor ends the session (and its streams have ended), a write fails,
-// or the server shuts down and its streams have ended.
+// ServeHTTP serves a request at Path as one session: it takes the
+// connection over (the request upgrades it to Protocol), reads frontdoor's
+// frames from it and writes the streams' frames to it, until frontdoor
+// ends the session (and its streams have ended), a write fails, or the
+// server shuts down and its streams have ended.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != Path {
-		s.Handler.ServeHTTP(w, r)
-		return
-	}
-	if r.Method != http.MethodPost || r.ProtoMajor < 2 {
-		// A session needs a full-duplex stream.
-		http.Error(w, "watchmux: POST over HTTP/2 only", http.StatusMethodNotAllowed)
-		return
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	ss := &session{srv: s, num: sessions.Add(1), ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
-		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{}}
-	if r.Header.Get(SharedHeader) == "1" {
-		asked := r.Header.Get(SharedWindowHeader)
-		if n, err := strconv.Atoi(asked); err == nil && n > MaxSharedWindow {
-			asked = strconv.Itoa(MaxSharedWindow) // a frontdoor whose bound is larger keeps less
-		}
-		window, err := parseWindow(asked)
-		if err != nil {
-			cancel()
-			s.logger().Warn("watchmux session refused", "remote", r.RemoteAddr, "err", err)
-			http.Error(w, err.Error(), http.StatusBadRequest)
+		if s.Fallback == nil {
+			http.NotFound(w, r)
 			return
 		}
-		ss.shared = map[*byte]sharedNum{}
-		ss.sent = sharedBytes{window: window, total: &s.sharedKept}
-		w.Header().Set(SharedHeader, "1")
-		w.Header().Set(SharedWindowHeader, strconv.Itoa(window))
-		if r.Header.Get(ForgetHeader) == "1" {
-			ss.forgets = true
-			w.Header().Set(ForgetHeader, "1")
-		}
+		s.Fallback.ServeHTTP(w, r)
+		return
+	}
+	if r.Method != http.MethodGet || r.ProtoMajor != 1 || !hasToken(r.Header["Connection"], "Upgrade") ||
+		!hasToken(r.Header["Upgrade"], Protocol) {
+		w.Header().Set("Upgrade", Protocol)
+		http.Error(w, "watchsession: a session is an HTTP/1.1 GET upgrading to "+Protocol, http.StatusUpgradeRequired)
+		return
+	}
+	asked := r.Header.Get(WindowHeader)
+	if n, err := strconv.Atoi(asked); err == nil && n > MaxSharedWindow {
+		asked = strconv.Itoa(MaxSharedWindow) // a frontdoor whose bound is larger keeps less
+	}
+	window, err := parseWindow(asked)
+	if err != nil {
+		s.logger().Warn("watchsession: session refused", "remote", r.RemoteAddr, "err", err)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
 	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		cancel()
-		http.Error(w, "watchmux: shutting down", http.StatusServiceUnavailable)
+		http.Error(w, "watchsession: shutting down", http.StatusServiceUnavailable)
 		return
 	}
+	s.served.Add(1)
+	defer s.served.Done()
+	s.mu.Unlock()
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, "watchsession: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer conn.Close()
+	// Deadlines net/http set for the request's head are not the session's.
+	conn.SetDeadline(time.Time{})
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + Protocol + "\r\n" +
+		WindowHeader + ": " + strconv.Itoa(window) + "\r\n\r\n")
+	if brw.Flush() != nil {
+		return
+	}
+	// The request's context ends when the server stops (fanout's watches
+	// end then), not when the connection does: the reader sees that.
+	ctx, cancel := context.WithCancel(r.Context())
+	ss := &session{srv: s, num: sessions.Add(1), ctx: ctx, cancel: cancel, remote: r.RemoteAddr,
+		wake: make(chan struct{}, 1), drained: make(chan struct{}), streams: map[uint32]*stream{},
+		shared: map[*byte]sharedNum{}, sent: sharedBytes{window: window, total: &s.sharedKept}}
+	s.mu.Lock()
 	if s.sessions == nil {
 		s.sessions = map[*session]struct{}{}
 	}
@@ -133,18 +177,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(s.sessions, ss)
 		s.mu.Unlock()
 	}()
-	w.Header().Set("Content-Type", ContentType)
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	if err := rc.Flush(); err != nil {
-		cancel()
-		return
-	}
-	go ss.read(r.Body)
-	if ss.forgets {
-		go ss.expire()
-	}
-	ss.write(w, rc)
+	go ss.read(brw.Reader)
+	go ss.expire()
+	ss.write(conn)
 	cancel()
 	ss.mu.Lock()
 	ss.finished = true // no stream starts now
@@ -176,16 +211,14 @@ type session struct {
 	finished bool   // the session's handler is returning
 
 	// shared: the numbers of the shared bytes frontdoor keeps (sent), by
-	// their first byte; nil: the session does not use shared bytes. A
-	// pointer names the bytes: sent keeps them alive (so no other slice
+	// their first byte. A pointer names the bytes: sent keeps them alive (so no other slice
 	// gets their address), Go does not move heap memory, and shared
 	// bytes never change; the length tells a prefix from the whole.
 	shared map[*byte]sharedNum
 	sent   sharedBytes
-	// forgets: frontdoor understands forget frames. used and usedBefore
-	// are the oldest shared bytes a stream referred to (or that were sent)
-	// since the last expiry and in the period before it.
-	forgets          bool
+	// used and usedBefore are the oldest shared bytes a stream referred
+	// to (or that were sent) since the last expiry and in the period
+	// before it.
 	used, usedBefore sharedUse
 }
 
@@ -215,9 +248,6 @@ func (ss *session) usedLocked(num uint32) {
 // unused. The window still bounds what is kept between expiries. It
 // reports whether it queued a forget frame.
 func (ss *session) expireLocked() bool {
-	if !ss.forgets {
-		return false
-	}
 	kept := uint32(len(ss.sent.blobs))
 	keep := kept // the position of the oldest used in the two periods
 	for _, u := range []sharedUse{ss.used, ss.usedBefore} {
@@ -289,7 +319,7 @@ type sharedNum struct {
 
 // shareableLocked reports whether sg goes by reference.
 func (ss *session) shareableLocked(sg Segment) bool {
-	return ss.shared != nil && sg.Shared && len(sg.B) >= minShared && len(sg.B) <= maxData
+	return sg.Shared && len(sg.B) >= minShared && len(sg.B) <= maxData
 }
 
 // sharedLocked returns the number of b's bytes, sending them first (a
@@ -313,6 +343,13 @@ func (ss *session) sharedLocked(b []byte) uint32 {
 func (ss *session) appendSegmentsLocked(id uint32, segs []Segment) {
 	refs, data := -1, -1 // the refs or data frame being filled: its offset in out
 	for _, sg := range segs {
+		if sg.Trace != "" {
+			refs, data = -1, -1
+			if len(sg.Trace) <= maxTrace {
+				ss.out = appendFrame(ss.out, frameTrace, id, []byte(sg.Trace))
+			}
+			continue
+		}
 		if len(sg.B) == 0 {
 			continue
 		}
@@ -354,7 +391,7 @@ func (ss *session) signal() {
 
 // write is the session's writer: it writes what the streams have appended,
 // all of it at once, until the session is done.
-func (ss *session) write(w io.Writer, rc *http.ResponseController) {
+func (ss *session) write(conn io.Writer) {
 	for {
 		ss.mu.Lock()
 		for len(ss.out) == 0 && !ss.doneLocked() {
@@ -362,8 +399,7 @@ func (ss *session) write(w io.Writer, rc *http.ResponseController) {
 			select {
 			case <-ss.wake:
 			case <-ss.ctx.Done():
-				// The request's context: frontdoor reset the session, or
-				// the connection is gone.
+				// The server stopped, or the session failed.
 				ss.fail(ss.ctx.Err())
 				return
 			}
@@ -378,11 +414,7 @@ func (ss *session) write(w io.Writer, rc *http.ResponseController) {
 		close(ss.drained)
 		ss.drained = make(chan struct{})
 		ss.mu.Unlock()
-		_, err := w.Write(buf)
-		if err == nil {
-			err = rc.Flush()
-		}
-		if err != nil {
+		if _, err := conn.Write(buf); err != nil {
 			ss.fail(err)
 			return
 		}
@@ -424,12 +456,11 @@ func (ss *session) fail(err error) {
 	ss.cancel()
 }
 
-// read reads frontdoor's frames until the request body ends.
-func (ss *session) read(body io.Reader) {
-	br := bufio.NewReaderSize(body, 16<<10)
-	err := ss.readFrames(br)
+// read reads frontdoor's frames until the connection ends.
+func (ss *session) read(r *bufio.Reader) {
+	err := readFrames(r, fromClient, ss.frame)
 	if err != nil && !errors.Is(err, io.EOF) && ss.ctx.Err() == nil {
-		ss.srv.logger().Warn("watchmux session ended", "remote", ss.remote, "err", err)
+		ss.srv.logger().Warn("watchsession: session ended", "remote", ss.remote, "err", err)
 	}
 	ss.mu.Lock()
 	ss.readEnd = true
@@ -448,47 +479,34 @@ func (ss *session) read(body io.Reader) {
 	ss.signal()
 }
 
-func (ss *session) readFrames(br *bufio.Reader) error {
-	for {
-		t, id, n, err := readHeader(br)
-		if err != nil {
-			return err
+// fromClient: the frames frontdoor sends.
+func fromClient(t frameType) bool { return t == frameOpen || t == frameCredit || t == frameCancel }
+
+// frame handles one of frontdoor's frames.
+func (ss *session) frame(t frameType, id uint32, p []byte) error {
+	switch t {
+	case frameOpen:
+		return ss.open(id, p)
+	case frameCredit:
+		if len(p) != 4 {
+			return fmt.Errorf("%w: credit of %d bytes", errProtocol, len(p))
 		}
-		switch t {
-		case frameOpen:
-			payload := make([]byte, n)
-			if _, err := io.ReadFull(br, payload); err != nil {
-				return err
-			}
-			if err := ss.open(id, payload); err != nil {
-				return err
-			}
-		case frameCredit:
-			var p [4]byte
-			if _, err := io.ReadFull(br, p[:n]); err != nil {
-				return err
-			}
-			if n != 4 {
-				return fmt.Errorf("%w: credit of %d bytes", errProtocol, n)
-			}
-			ss.credit(id, int64(binary.BigEndian.Uint32(p[:])))
-		case frameCancel:
-			ss.mu.Lock()
-			st := ss.streams[id]
-			ss.mu.Unlock()
-			if st != nil {
-				st.cancel()
-			}
-		default:
-			return fmt.Errorf("%w: %v from the client", errProtocol, t)
+		ss.credit(id, int64(binary.BigEndian.Uint32(p)))
+	case frameCancel:
+		ss.mu.Lock()
+		st := ss.streams[id]
+		ss.mu.Unlock()
+		if st != nil {
+			st.cancel()
 		}
 	}
+	return nil
 }
 
-// open starts stream id's request on the server's handler.
-func (ss *session) open(id uint32, head []byte) error {
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
-	if err != nil {
+// open starts stream id's watch on the server's handler.
+func (ss *session) open(id uint32, payload []byte) error {
+	req := &heraldv1.WatchStreamRequest{}
+	if err := proto.Unmarshal(payload, req); err != nil {
 		return fmt.Errorf("%w: stream %d: %v", errProtocol, id, err)
 	}
 	if id <= ss.lastID {
@@ -499,8 +517,6 @@ func (ss *session) open(id uint32, head []byte) error {
 	closing := ss.srv.closing
 	ss.srv.mu.Unlock()
 	ctx, cancel := context.WithCancel(ss.ctx)
-	req = req.WithContext(ctx)
-	req.RemoteAddr = ss.remote
 	st := &stream{ss: ss, id: id, cancel: cancel, ctx: ctx, credit: window,
 		header: http.Header{}, creditAdded: make(chan struct{}, 1), deadlineSet: make(chan struct{}, 1)}
 	ss.mu.Lock()
@@ -513,7 +529,7 @@ func (ss *session) open(id uint32, head []byte) error {
 		// Shutting down: the request fails at once (no head), and the
 		// client retries it on another replica.
 		ss.mu.Unlock()
-		st.end("watchmux: the server is shutting down")
+		st.end("watchsession: the server is shutting down")
 		return nil
 	}
 	if ss.finished || ss.err != nil {
@@ -553,7 +569,7 @@ func (s *Server) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// stream is one request's http.ResponseWriter: its head and body go to the
+// stream is one watch's http.ResponseWriter: its head and body go to the
 // session as frames.
 type stream struct {
 	ss     *session
@@ -572,7 +588,7 @@ type stream struct {
 }
 
 // serve runs the handler, then ends the stream.
-func (st *stream) serve(req *http.Request) {
+func (st *stream) serve(req *heraldv1.WatchStreamRequest) {
 	ss := st.ss
 	defer ss.handlers.Done()
 	var end string
@@ -580,12 +596,12 @@ func (st *stream) serve(req *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v != http.ErrAbortHandler {
-					ss.srv.logger().Error("watchmux: handler panicked", "stream", st.id, "panic", v)
+					ss.srv.logger().Error("watchsession: handler panicked", "stream", st.id, "panic", v)
 				}
 				end = fmt.Sprint(v)
 			}
 		}()
-		ss.srv.Handler.ServeHTTP(st, req)
+		ss.srv.Handler.ServeWatch(st.ctx, st, req)
 	}()
 	// A handler that aborted before its head sends none: the client's
 	// request fails (and is retried elsewhere), as when net/http resets the
@@ -626,24 +642,21 @@ func (st *stream) WriteHeader(code int) {
 		return // informational heads are not sent
 	}
 	st.wroteHeader = true
-	var head bytes.Buffer
-	head.WriteString("HTTP/1.1 ")
-	head.WriteString(strconv.Itoa(code))
-	head.WriteByte(' ')
-	head.WriteString(http.StatusText(code))
-	head.WriteString("\r\n")
-	st.header.Write(&head)
-	head.WriteString("\r\n")
+	h := &heraldv1.WatchStreamHead{Code: int32(code), Headers: make([]*heraldv1.WatchStreamHead_Header, 0, len(st.header))}
+	for name, values := range st.header {
+		h.Headers = append(h.Headers, &heraldv1.WatchStreamHead_Header{Name: name, Values: values})
+	}
+	head, err := proto.Marshal(h)
 	ss := st.ss
-	if head.Len() > maxHead {
+	if err != nil || len(head) > maxHead {
 		// The client would end the session: this stream fails alone.
-		ss.srv.logger().Error("watchmux: response head too large", "stream", st.id, "bytes", head.Len())
+		ss.srv.logger().Error("watchsession: response head too large", "stream", st.id, "bytes", len(head), "err", err)
 		st.cancel()
 		return
 	}
 	ss.mu.Lock()
 	if ss.err == nil {
-		ss.out = appendFrame(ss.out, frameHead, st.id, head.Bytes())
+		ss.out = appendFrame(ss.out, frameHead, st.id, head)
 	}
 	ss.mu.Unlock()
 	ss.signal()
@@ -692,6 +705,11 @@ type Segment struct {
 	// write the same B (a watch event's encoding, made once for every
 	// watch): the session may send its bytes once and refer to them.
 	Shared bool
+	// Trace, if not empty (and B empty), is the trace context (a W3C
+	// traceparent) of the event whose bytes follow: it goes as a trace
+	// frame, which the client's body hands to its trace hook
+	// (SetTraceHook) when a read reaches those bytes.
+	Trace string
 }
 
 // SegmentWriter is a session stream's http.ResponseWriter: fanout writes a
@@ -889,4 +907,16 @@ func (st *stream) SetWriteDeadline(t time.Time) error {
 	default:
 	}
 	return nil
+}
+
+// hasToken reports whether a header's values list token (case-insensitive).
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }

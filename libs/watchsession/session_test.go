@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -11,84 +11,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
-
-	"herald.dev/libs/service"
 )
-
-// serve starts an h2c server (as a fanout replica's) whose sessions serve
-// h; nil sessions: a server without them, h answering everything.
-func serve(t *testing.T, sessions bool, h http.Handler) (*httptest.Server, *Server) {
-	t.Helper()
-	if !sessions {
-		return serveHandler(t, h, nil), nil
-	}
-	mux := &Server{Handler: h}
-	return serveHandler(t, mux, mux), mux
-}
-
-// serveHandler serves root over HTTP/2 on a test server; mux, if not nil,
-// shuts down with it.
-func serveHandler(t *testing.T, root http.Handler, mux *Server) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewUnstartedServer(root)
-	srv.Config.Protocols = service.ServerProtocols()
-	if mux != nil {
-		srv.Config.RegisterOnShutdown(mux.Shutdown)
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-func client(t *testing.T, maxStreams int) (*Client, *countingTransport) {
-	ct := &countingTransport{rt: &http.Transport{Protocols: service.ClientProtocols()}}
-	c := &Client{Transport: ct, MaxStreams: maxStreams, Retry: time.Hour}
-	t.Cleanup(c.Close)
-	return c, ct
-}
-
-// countingTransport counts the requests that went on their own HTTP/2
-// stream, by method.
-type countingTransport struct {
-	rt    http.RoundTripper
-	mu    sync.Mutex
-	count map[string]int
-}
-
-func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
-	if c.count == nil {
-		c.count = map[string]int{}
-	}
-	c.count[r.Method]++
-	c.mu.Unlock()
-	return c.rt.RoundTrip(r)
-}
-
-func (c *countingTransport) requests(method string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.count[method]
-}
-
-func get(t *testing.T, c *Client, ctx context.Context, url string) *http.Response {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp
-}
 
 // lines writes n numbered lines, each flushed, the first after the head.
 func lines(n int) http.Handler {
@@ -109,10 +39,10 @@ func lines(n int) http.Handler {
 
 // TestStreams: many concurrent streams over sessions, more of them than a
 // session carries, each get their own head and every byte of their own
-// body, in order; none goes on its own HTTP/2 stream.
+// body, in order.
 func TestStreams(t *testing.T) {
 	const streams, perStream = 40, 300
-	srv, _ := serve(t, true, lines(perStream))
+	srv, _ := serve(t, lines(perStream))
 	c, ct := client(t, 16)
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)
@@ -145,10 +75,7 @@ func TestStreams(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if n := ct.requests(http.MethodGet); n != 0 {
-		t.Errorf("%d requests on their own stream, want 0", n)
-	}
-	if n := ct.requests(http.MethodPost); n < streams/16 {
+	if n := int(ct.dials.Load()); n < streams/16 {
 		t.Errorf("%d sessions for %d streams of at most 16, want at least %d", n, streams, streams/16)
 	}
 }
@@ -156,7 +83,7 @@ func TestStreams(t *testing.T) {
 // TestStatusPassesThrough: a response that is not 200 keeps its status,
 // headers and body.
 func TestStatusPassesThrough(t *testing.T) {
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusGone)
 		io.WriteString(w, `{"kind":"Status","code":410}`)
@@ -164,9 +91,6 @@ func TestStatusPassesThrough(t *testing.T) {
 	c, _ := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	defer resp.Body.Close()
-	if resp.Request == nil || resp.Request.URL.Path != "/x" {
-		t.Fatalf("the response's request: %v", resp.Request)
-	}
 	body, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusGone || resp.Header.Get("Content-Type") != "application/json" || string(body) != `{"kind":"Status","code":410}` || err != nil {
 		t.Fatalf("got %d %v %q %v", resp.StatusCode, resp.Header, body, err)
@@ -179,7 +103,7 @@ func TestStatusPassesThrough(t *testing.T) {
 func TestSlowReaderStopsOnlyItself(t *testing.T) {
 	blocked := make(chan error, 1)
 	chunk := bytes.Repeat([]byte("y"), 64<<10)
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("name") != "slow" {
 			lines(2000).ServeHTTP(w, r)
 			return
@@ -223,7 +147,7 @@ func TestSlowReaderStopsOnlyItself(t *testing.T) {
 // with credit to spare, as on a connection.
 func TestWriteAfterDeadline(t *testing.T) {
 	got := make(chan error, 1)
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "before\n")
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(-time.Second))
 		_, err := io.WriteString(w, "after\n")
@@ -244,23 +168,22 @@ func TestWriteAfterDeadline(t *testing.T) {
 // request (as a reset HTTP/2 stream does, so that it is retried
 // elsewhere), and the session goes on.
 func TestAbortBeforeHead(t *testing.T) {
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("name") == "abort" {
 			panic(http.ErrAbortHandler)
 		}
 		io.WriteString(w, "ok\n")
 	}))
 	c, ct := client(t, 8)
-	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x?name=abort", nil)
-	if resp, err := c.RoundTrip(req); err == nil {
+	if resp, err := watch(c, context.Background(), srv.URL+"/x?name=abort"); err == nil {
 		resp.Body.Close()
 		t.Fatalf("aborted before its head: %d, want an error", resp.StatusCode)
 	}
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if string(b) != "ok\n" || err != nil || ct.requests(http.MethodPost) != 1 {
-		t.Fatalf("next request: %q %v, %d sessions", b, err, ct.requests(http.MethodPost))
+	if string(b) != "ok\n" || err != nil || ct.dials.Load() != 1 {
+		t.Fatalf("next request: %q %v, %d sessions", b, err, ct.dials.Load())
 	}
 }
 
@@ -269,7 +192,7 @@ func TestAbortBeforeHead(t *testing.T) {
 func TestCancel(t *testing.T) {
 	started := make(chan struct{}, 2)
 	ended := make(chan struct{}, 2)
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("name") == "short" {
 			io.WriteString(w, "done\n")
 			return
@@ -301,7 +224,7 @@ func TestCancel(t *testing.T) {
 	if string(b) != "done\n" || err != nil {
 		t.Fatalf("after the cancels: %q %v", b, err)
 	}
-	if n := ct.requests(http.MethodPost); n != 1 {
+	if n := ct.dials.Load(); n != 1 {
 		t.Fatalf("%d sessions, want 1", n)
 	}
 }
@@ -310,7 +233,7 @@ func TestCancel(t *testing.T) {
 // fails once what was sent is read, and the next request fails too (a
 // closed server refuses sessions; frontdoor retries on another replica).
 func TestSessionEnds(t *testing.T) {
-	srv, mux := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, mux := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "first\n")
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
@@ -326,13 +249,12 @@ func TestSessionEnds(t *testing.T) {
 		t.Fatalf("read after the session ended: %v, want its failure", err)
 	}
 	resp.Body.Close()
-	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x", nil)
-	if late, err := c.RoundTrip(req); err == nil {
+	if late, err := watch(c, context.Background(), srv.URL+"/x"); err == nil {
 		late.Body.Close()
 		t.Fatalf("after Close: %d, want an error", late.StatusCode)
 	}
-	if g, p := ct.requests(http.MethodGet), ct.requests(http.MethodPost); g != 0 || p != 2 {
-		t.Fatalf("%d requests on their own stream and %d sessions asked for, want 0 and 2", g, p)
+	if n := ct.dials.Load(); n != 2 {
+		t.Fatalf("%d sessions asked for, want 2", n)
 	}
 }
 
@@ -341,13 +263,12 @@ func TestSessionEnds(t *testing.T) {
 func TestConnectionLost(t *testing.T) {
 	conns := &trackingListener{}
 	srv := httptest.NewUnstartedServer(nil)
-	mux := &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := &Server{Handler: httpWatch{http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "first\n")
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
-	})}
+	})}}
 	srv.Config.Handler = mux
-	srv.Config.Protocols = service.ServerProtocols()
 	conns.Listener = srv.Listener
 	srv.Listener = conns
 	srv.Start()
@@ -406,54 +327,27 @@ func (l *trackingListener) closeAll() {
 	}
 }
 
-// TestServerWithoutSessions: a server that answers the session's request
-// with anything but a session gets every request on its own stream.
-func TestServerWithoutSessions(t *testing.T) {
-	srv, _ := serve(t, false, lines(3))
-	c, ct := client(t, 8)
-	for range 3 {
-		resp := get(t, c, context.Background(), srv.URL+"/x?name=a")
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || strings.Count(string(b), "\n") != 3 {
-			t.Fatalf("%q %v", b, err)
-		}
-	}
-	if g, p := ct.requests(http.MethodGet), ct.requests(http.MethodPost); g != 3 || p != 1 {
-		t.Fatalf("%d GETs on their own stream and %d sessions asked for, want 3 and 1", g, p)
-	}
-}
-
-// TestOtherPathsGoToHandler: a request on its own HTTP/2 stream (a
-// frontdoor that fell back to a watch per stream) reaches Handler as it
-// came; a GET at Path is not a session.
-func TestOtherPathsGoToHandler(t *testing.T) {
-	srv, _ := serve(t, true, lines(2))
-	rt := &http.Transport{Protocols: service.ClientProtocols()}
-	t.Cleanup(rt.CloseIdleConnections)
+// TestOtherPathsGoToFallback: a request at another path goes to
+// Fallback; one at Path that does not upgrade to a session is refused.
+func TestOtherPathsGoToFallback(t *testing.T) {
+	mux := &Server{Handler: httpWatch{lines(2)}, Fallback: lines(2)}
+	srv := serveHandler(t, mux, mux)
 	for _, tc := range []struct {
-		method, path string
-		status       int
-		body         string
+		path   string
+		status int
+		body   string
 	}{
-		{http.MethodGet, "/api/v1/pods?name=a", http.StatusOK, "a 0 \na 1 x\n"},
-		{http.MethodGet, Path, http.StatusMethodNotAllowed, "watchmux: POST over HTTP/2 only\n"},
+		{"/api/v1/pods?name=a", http.StatusOK, "a 0 \na 1 x\n"},
+		{Path, http.StatusUpgradeRequired, "watchsession: a session is an HTTP/1.1 GET upgrading to " + Protocol + "\n"},
 	} {
-		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := rt.RoundTrip(req)
+		resp, err := http.Get(srv.URL + tc.path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != tc.status || string(b) != tc.body {
-			t.Fatalf("%s %s: %d %q %v, want %d %q", tc.method, tc.path, resp.StatusCode, b, err, tc.status, tc.body)
-		}
-		if resp.ProtoMajor != 2 {
-			t.Fatalf("%s %s: HTTP/%d, want HTTP/2", tc.method, tc.path, resp.ProtoMajor)
+			t.Fatalf("GET %s: %d %q %v, want %d %q", tc.path, resp.StatusCode, b, err, tc.status, tc.body)
 		}
 	}
 }
@@ -463,7 +357,7 @@ func TestOtherPathsGoToHandler(t *testing.T) {
 // its streams have, and a session asked for afterwards is refused.
 func TestShutdownEndsSessions(t *testing.T) {
 	stop := make(chan struct{})
-	srv, mux := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, mux := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		http.NewResponseController(w).Flush()
 		select {
@@ -472,11 +366,10 @@ func TestShutdownEndsSessions(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	}))
-	c, ct := client(t, 8)
+	c, _ := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	mux.Shutdown()
-	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/x", nil)
-	if late, err := c.RoundTrip(req); err == nil {
+	if late, err := watch(c, context.Background(), srv.URL+"/x"); err == nil {
 		late.Body.Close()
 		t.Fatalf("a stream opened after Shutdown: %d, want an error", late.StatusCode)
 	}
@@ -486,13 +379,13 @@ func TestShutdownEndsSessions(t *testing.T) {
 		t.Fatalf("%q %v", b, err)
 	}
 	resp.Body.Close()
-	c2, ct2 := client(t, 8)
-	if late, err := c2.RoundTrip(req); err == nil {
+	c2, _ := client(t, 8)
+	if late, err := watch(c2, context.Background(), srv.URL+"/x"); err == nil {
 		late.Body.Close()
 		t.Fatalf("after Shutdown: %d, want the session refused", late.StatusCode)
 	}
-	if ct.requests(http.MethodGet)+ct2.requests(http.MethodGet) != 0 {
-		t.Fatal("a refused session's request went on its own stream")
+	if !mux.Wait(10 * time.Second) {
+		t.Fatal("sessions still served 10s after their streams ended")
 	}
 }
 
@@ -506,21 +399,82 @@ func TestBadFrames(t *testing.T) {
 		{"data from the client", appendFrame(nil, frameData, 1, []byte("x"))},
 		{"oversized open", appendFrame(nil, frameOpen, 1, make([]byte, maxHead+1))},
 		{"credit of 3 bytes", appendFrame(nil, frameCredit, 1, []byte{0, 0, 1})},
-		{"open that is not a request", appendFrame(nil, frameOpen, 1, []byte("hello\r\n\r\n"))},
+		{"open that is not a request", appendFrame(nil, frameOpen, 1, []byte{0x0a, 0x05, 'a'})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, _ := serve(t, true, lines(1))
-			tr := &http.Transport{Protocols: service.ClientProtocols()}
-			req, _ := http.NewRequest(http.MethodPost, srv.URL+Path, bytes.NewReader(tc.frame))
-			resp, err := tr.RoundTrip(req)
+			srv, _ := serve(t, lines(1))
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer resp.Body.Close()
-			rest, err := io.ReadAll(resp.Body)
-			if err != nil || len(rest) != 0 {
-				t.Fatalf("the session sent %q (%v), want a clean end and nothing", rest, err)
+			defer conn.Close()
+			io.WriteString(conn, "GET "+Path+" HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n\r\n")
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			conn.Write(tc.frame)
+			// The server closes the connection (with a reset if what it
+			// did not read was still there).
+			rest, err := io.ReadAll(br)
+			if len(rest) != 0 || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("the session sent %q (%v), want an end and nothing", rest, err)
 			}
 		})
+	}
+}
+
+// TestTraceFrames: a trace context written before an event's bytes reaches
+// the client's trace hook, in order, from the read that returns those
+// bytes (and not one before), and is no byte of the body.
+func TestTraceFrames(t *testing.T) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		sw.WriteSegments([]Segment{{B: []byte("plain\n")}})
+		sw.WriteSegments([]Segment{{Trace: "tp-1"}, {B: []byte("traced 1\n")}, {B: []byte("plain\n")}, {Trace: "tp-2"}, {B: []byte("traced 2\n")}})
+	}))
+	c, _ := client(t, 8)
+	resp := get(t, c, context.Background(), srv.URL+"/x")
+	defer resp.Body.Close()
+	var got []string
+	var body []byte
+	resp.Body.(interface{ SetTraceHook(func(string)) }).SetTraceHook(func(tp string) {
+		got = append(got, fmt.Sprintf("%s at %d", tp, len(body)))
+	})
+	buf := make([]byte, 4)
+	for {
+		n, err := resp.Body.Read(buf)
+		body = append(body, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if string(body) != "plain\ntraced 1\nplain\ntraced 2\n" {
+		t.Fatalf("body %q", body)
+	}
+	// The hook runs within the read (of 4 bytes) that returns the event's
+	// first byte (at 6 and 21): the reads from 4 and from 20.
+	if want := []string{"tp-1 at 4", "tp-2 at 20"}; !slices.Equal(got, want) {
+		t.Fatalf("trace hook calls %q, want %q", got, want)
+	}
+}
+
+// TestTLS: a session to an https server (one that also speaks HTTP/2, as
+// fanout's port does) upgrades a TLS connection negotiated as HTTP/1.1.
+func TestTLS(t *testing.T) {
+	mux := &Server{Handler: httpWatch{lines(3)}}
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := &Client{TLS: srv.Client().Transport.(*http.Transport).TLSClientConfig, MaxStreams: 8}
+	t.Cleanup(c.Close)
+	resp := get(t, c, context.Background(), srv.URL+"/x?name=a")
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "a 0 \na 1 x\na 2 xx\n" {
+		t.Fatalf("%q %v", b, err)
 	}
 }

@@ -1,59 +1,62 @@
-// Package watchmux carries many watch responses from a fanout replica to
-// frontdoor over one HTTP/2 stream (a session), instead of one HTTP/2
-// stream each.
+// Package watchsession carries many watch responses from a fanout replica
+// to frontdoor over one connection (a session), each watch a stream of it.
 //
-// Why: a broadcast watch is written every pacing interval, and net/http's
-// HTTP/2 server hands each write of each stream from its handler to the
+// Why: a broadcast watch is written every pacing interval. As an HTTP/2
+// stream per watch, net/http handed each write from its handler to the
 // connection's serve loop and, above 4 KB, to a goroutine of its own, then
-// walks its streams to schedule the frame; frontdoor's client wakes a
-// reader per stream. Those hand-offs, not the bytes, were most of fanout's
+// walked its streams to schedule the frame, and frontdoor's client woke a
+// reader per stream: those hand-offs, not the bytes, were most of fanout's
 // CPU and a fifth of frontdoor's in a 1,000-watcher broadcast. In a session,
 // a watch's write is appended to the session's buffer, and one writer sends
 // what every watch appended meanwhile in one write; frontdoor's one reader
 // per session hands each watch its bytes.
 //
-// A session is a POST to Path whose request body carries frontdoor's frames
-// and whose response body carries fanout's. Each watch is a stream of the
-// session, numbered by frontdoor:
+// A session is a connection to the replica's HTTP port (TCP, or TLS with
+// the port's peer allowlist) that frontdoor upgrades with one HTTP/1.1
+// request (GET Path, Upgrade: Protocol); from the 101 on, it carries frames
+// both ways and nothing else, so the session's credits are its only flow
+// control (BenchmarkTransport: a third of the CPU of the same frames as an
+// HTTP/2 body, whose flow control and framing ran under the credits; gRPC
+// costs as much as HTTP/2). Each watch is a stream of the session, numbered
+// by frontdoor:
 //
-//	frontdoor -> fanout   open   the request's head (HTTP/1.1 syntax)
+//	frontdoor -> fanout   open   the watch (a heraldv1.WatchStreamRequest)
 //	                      credit the bytes of data the stream may send more
 //	                      cancel the client left (or the watch is shed)
-//	fanout -> frontdoor   head   the response's head (HTTP/1.1 syntax)
+//	fanout -> frontdoor   head   the response's head (a heraldv1.WatchStreamHead)
 //	                      data   bytes of the body
 //	                      end    the body's end (empty) or why it failed
 //	                      shared bytes that streams of the session refer to
 //	                      refs   bytes of the body: shared bytes, by number
 //	                      forget shared bytes up to a number are forgotten
+//	                      trace  the trace context (W3C traceparent) of the
+//	                             event whose bytes follow (Segment.Trace)
 //
-// Shared bytes (a session that negotiated them, see SharedHeader): a watch
-// event's encoding is the same for every watch of the session that sees
-// it, and a broadcast sends it to hundreds of them. A shared frame carries
-// it once, numbered (1, 2, ... in the order sent; the frame's stream field
-// is its number), and each stream's refs frame names the numbers whose
-// bytes are its body's next bytes. Both ends keep the latest shared bytes,
-// up to the session's window of bytes (frontdoor asks for one,
-// SharedWindowHeader; fanout answers with the one it uses) and one number
-// per windowPerShared of them, and forget the oldest first, at the same
-// frame: fanout refers only to bytes frontdoor still holds, and sends them
-// again otherwise. So the window bounds how far apart, in bytes of shared
-// events, the watches of a session can be and still have each event cross
-// once: a broadcast past the machine's capacity spreads its watches out,
-// and a window they outgrow sends every event again for each of them.
+// Shared bytes: a watch event's encoding is the same for every watch of the
+// session that sees it, and a broadcast sends it to hundreds of them. A
+// shared frame carries it once, numbered (1, 2, ... in the order sent; the
+// frame's stream field is its number), and each stream's refs frame names
+// the numbers whose bytes are its body's next bytes. Both ends keep the
+// latest shared bytes, up to the session's window of bytes (frontdoor asks
+// for one, WindowHeader; fanout answers with the one it uses) and one
+// number per windowPerShared of them, and forget the oldest first, at the
+// same frame: fanout refers only to bytes frontdoor still holds, and sends
+// them again otherwise. So the window bounds how far apart, in bytes of
+// shared events, the watches of a session can be and still have each event
+// cross once: a broadcast past the machine's capacity spreads its watches
+// out, and a window they outgrow sends every event again for each of them.
 // A window is the most a session keeps, not what it keeps while quiet:
-// where both ends said so (ForgetHeader), fanout forgets the oldest shared
-// bytes no stream referred to for a while (Server.SharedIdle) and tells
-// frontdoor in a forget frame, in order with every other frame, so that
-// an idle session keeps none and a busy one about what its streams still
-// refer to.
+// fanout forgets the oldest shared bytes no stream referred to for a while
+// (Server.SharedIdle) and tells frontdoor in a forget frame, in order with
+// every other frame, so that an idle session keeps none and a busy one
+// about what its streams still refer to.
 //
-// Flow control is per stream, by credit, as HTTP/2's is: a stream sends at
-// most window bytes of its body that frontdoor has not read yet (a refs
-// frame counts the bytes it refers to; shared frames belong to no stream),
-// so a client that does not read stops its own watch (its fanout watcher
-// falls behind and is closed once the ring passes it, as on HTTP/2) and no
-// other.
-package watchmux
+// Flow control is per stream, by credit: a stream sends at most window
+// bytes of its body that frontdoor has not read yet (a refs frame counts
+// the bytes it refers to; shared frames belong to no stream), so a client
+// that does not read stops its own watch (its fanout watcher falls behind
+// and is closed once the ring passes it) and no other.
+package watchsession
 
 import (
 	"bufio"
@@ -61,16 +64,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
 )
 
 // Path is the session endpoint of a fanout replica.
-const Path = "/.herald/watchmux/v1"
+const Path = "/.herald/watchsession/v1"
 
-// ContentType is a session's request and response body.
-const ContentType = "application/x-herald-watchmux"
+// Protocol is what a session's request upgrades its connection to.
+const Protocol = "herald-watchsession/1"
 
 type frameType uint8
 
@@ -84,6 +88,7 @@ const (
 	frameShared
 	frameRefs
 	frameForget
+	frameTrace
 )
 
 func (t frameType) String() string {
@@ -106,6 +111,8 @@ func (t frameType) String() string {
 		return "refs"
 	case frameForget:
 		return "forget"
+	case frameTrace:
+		return "trace"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -116,8 +123,7 @@ const headerLen = 9
 
 const (
 	// window is the data a stream may send that the client has not read
-	// yet: what frontdoor's HTTP/2 streams from fanout allowed (its
-	// MaxReceiveBufferPerStream).
+	// yet.
 	window = 4 << 20
 	// creditStep: the client credits what it read once it is this much
 	// (one frame per step, not per read). Up to creditStep-1 bytes read
@@ -129,9 +135,8 @@ const (
 	// bytes then stay uncredited. A larger one goes in pieces, each
 	// waiting for what the client's reading of the last returns.
 	wholeMax = window - creditStep
-	// maxHead bounds an open or head frame (kube-apiserver's request
-	// header limit).
-	maxHead = 1 << 20
+	// maxHead bounds an open or head frame.
+	maxHead = 64 << 10
 	// maxData bounds a data frame: a longer write is sent in pieces.
 	maxData = 256 << 10
 	// maxEnd bounds what an end frame says of a failure.
@@ -139,14 +144,11 @@ const (
 	// maxSessionStreams bounds a session's open streams (frontdoor opens
 	// at most 500).
 	maxSessionStreams = 10000
-	// DefaultSharedWindow is the window of a session whose request or
-	// response does not name one (an older frontdoor or replica): at 100
-	// events/s of 1.5 KB, the last 3 s of them.
+	// DefaultSharedWindow is the window of a session whose request does
+	// not name one: at 100 events/s of 1.5 KB, the last 3 s of them.
 	DefaultSharedWindow = 512 << 10
 	// MaxSharedWindow bounds the window a session may use (each end keeps
-	// up to that much, also while it is idle); DefaultSharedWindow is the
-	// least, so that a replica that does not name one never keeps more
-	// than frontdoor asked for.
+	// up to that much); DefaultSharedWindow is the least.
 	MaxSharedWindow = 256 << 20
 	// windowPerShared: a window keeps one number per this many of its
 	// bytes at most (2,048 for the default window), bounding the
@@ -157,25 +159,16 @@ const (
 	minShared = 128
 	// maxRefs bounds a refs frame.
 	maxRefs = 1024
+	// maxTrace bounds a trace frame (a traceparent is 55 bytes).
+	maxTrace = 256
 )
 
-// SharedHeader, on a session's request and its response, says that its
-// end understands shared and refs frames; a session uses them only when
-// both ends said so (an older replica or frontdoor does not).
-const SharedHeader = "Herald-Watchmux-Shared"
-
-// SharedWindowHeader, on a session's request, is the window (in bytes)
-// frontdoor asks for; on the response, the one fanout uses, at most the one
-// asked for (a request past MaxSharedWindow gets that), which frontdoor
-// then keeps too. Without it, on either, the session's window is
-// DefaultSharedWindow.
-const SharedWindowHeader = "Herald-Watchmux-Shared-Window"
-
-// ForgetHeader, on a session's request, says that frontdoor understands
-// forget frames; on the response, that fanout sends them. Without it on
-// both (an older frontdoor or replica), shared bytes are forgotten only as
-// the window requires.
-const ForgetHeader = "Herald-Watchmux-Shared-Forget"
+// WindowHeader, on a session's request, is the window of shared bytes (in
+// bytes) frontdoor asks for; on the response, the one fanout uses, at most
+// the one asked for (a request past MaxSharedWindow gets that), which
+// frontdoor then keeps too. Without it on the request, the session's window
+// is DefaultSharedWindow.
+const WindowHeader = "Herald-Watchsession-Shared-Window"
 
 // DefaultSharedIdle is how long, at least, the oldest shared bytes stay
 // kept with no stream referring to them (Server.SharedIdle's default): longer than a
@@ -184,7 +177,7 @@ const ForgetHeader = "Herald-Watchmux-Shared-Forget"
 // it is used.
 const DefaultSharedIdle = 30 * time.Second
 
-// parseWindow reads a SharedWindowHeader value: DefaultSharedWindow if
+// parseWindow reads a WindowHeader value: DefaultSharedWindow if
 // empty; an error if it is not a number within the bounds.
 func parseWindow(v string) (int, error) {
 	if v == "" {
@@ -192,7 +185,7 @@ func parseWindow(v string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < DefaultSharedWindow || n > MaxSharedWindow {
-		return 0, fmt.Errorf("watchmux: shared window %q is not a number of bytes from %d to %d", v, DefaultSharedWindow, MaxSharedWindow)
+		return 0, fmt.Errorf("watchsession: shared window %q is not a number of bytes from %d to %d", v, DefaultSharedWindow, MaxSharedWindow)
 	}
 	return n, nil
 }
@@ -284,7 +277,7 @@ func (s *sharedBytes) get(n uint32) ([]byte, bool) {
 }
 
 // errProtocol is a session's peer breaking the framing: the session ends.
-var errProtocol = errors.New("watchmux: protocol error")
+var errProtocol = errors.New("watchsession: protocol error")
 
 // appendFrame appends a frame to b.
 func appendFrame(b []byte, t frameType, id uint32, payload []byte) []byte {
@@ -314,11 +307,18 @@ func appendCredit(b []byte, id uint32, n uint32) []byte {
 // readHeader reads the next frame's header, checking its length against
 // what its type allows.
 func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
-	var h [headerLen]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	// Peeked in the reader's buffer, not read into an array of its own
+	// (which would escape, through io.ReadFull, to the heap: an
+	// allocation per frame).
+	h, err := r.Peek(headerLen)
+	if len(h) < headerLen {
+		if err == io.EOF && len(h) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 		return 0, 0, 0, err
 	}
 	t, id, n := frameType(h[0]), binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
+	r.Discard(headerLen)
 	var limit uint32
 	switch t {
 	case frameOpen, frameHead, frameEnd:
@@ -329,6 +329,8 @@ func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
 		limit = 4 * maxRefs
 	case frameCredit:
 		limit = 4
+	case frameTrace:
+		limit = maxTrace
 	case frameCancel, frameForget:
 		limit = 0
 	default:
@@ -338,4 +340,39 @@ func readHeader(r *bufio.Reader) (frameType, uint32, int, error) {
 		return 0, 0, 0, fmt.Errorf("%w: %v of %d bytes (limit %d)", errProtocol, t, n, limit)
 	}
 	return t, id, int(n), nil
+}
+
+// readFrames is both ends' reader: it reads frames until the connection
+// fails or handle does, refusing a frame of a type the end does not
+// receive (accept). A frame's payload is handle's only until it returns.
+func readFrames(br *bufio.Reader, accept func(frameType) bool, handle func(t frameType, id uint32, payload []byte) error) error {
+	var large []byte // a payload longer than br's buffer
+	for {
+		t, id, n, err := readHeader(br)
+		if err != nil {
+			return err
+		}
+		if !accept(t) {
+			return fmt.Errorf("%w: %v unexpected", errProtocol, t)
+		}
+		var p []byte
+		inBuf := n <= br.Size()
+		if inBuf {
+			p, err = br.Peek(n)
+		} else {
+			large = slices.Grow(large[:0], n)[:n]
+			_, err = io.ReadFull(br, large)
+			p = large
+		}
+		if err != nil {
+			return err
+		}
+		err = handle(t, id, p)
+		if inBuf {
+			br.Discard(n)
+		}
+		if err != nil {
+			return err
+		}
+	}
 }

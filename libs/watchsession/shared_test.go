@@ -1,4 +1,4 @@
-package watchmux
+package watchsession
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"runtime"
 	"slices"
@@ -19,7 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"herald.dev/libs/service"
+	"google.golang.org/protobuf/proto"
+
+	heraldv1 "herald.dev/libs/proto/herald/v1"
 )
 
 // blobs returns n distinct shared byte slices of size bytes each.
@@ -66,52 +69,6 @@ func segmentedBody(name string, shared [][]byte, writes int) string {
 		b.Write(shared[(3*i+1)%len(shared)])
 	}
 	return b.String()
-}
-
-// wireCounter counts the bytes of session responses read, and can drop
-// SharedHeader from session requests (a frontdoor that does not know it).
-type wireCounter struct {
-	rt         http.RoundTripper
-	dropShared bool
-	dropWindow bool // SharedWindowHeader, from requests and responses (an older replica)
-	dropForget bool // ForgetHeader, from requests (an older frontdoor)
-	bytes      atomic.Int64
-	shared     atomic.Int32 // sessions whose response said shared
-}
-
-func (c *wireCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPost && (c.dropShared || c.dropWindow || c.dropForget) {
-		r = r.Clone(r.Context())
-		if c.dropShared {
-			r.Header.Del(SharedHeader)
-		}
-		if c.dropShared || c.dropWindow {
-			r.Header.Del(SharedWindowHeader)
-		}
-		r.Header.Del(ForgetHeader)
-	}
-	resp, err := c.rt.RoundTrip(r)
-	if err == nil && r.Method == http.MethodPost && c.dropWindow {
-		resp.Header.Del(SharedWindowHeader)
-	}
-	if err == nil && r.Method == http.MethodPost {
-		if resp.Header.Get(SharedHeader) == "1" {
-			c.shared.Add(1)
-		}
-		resp.Body = &countingBody{ReadCloser: resp.Body, n: &c.bytes}
-	}
-	return resp, err
-}
-
-type countingBody struct {
-	io.ReadCloser
-	n *atomic.Int64
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
-	return n, err
 }
 
 // readAll reads the streams' bodies concurrently and checks each against
@@ -183,13 +140,11 @@ func TestSharedSegments(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const streams = 8
-			srv, _ := serve(t, true, segmented(tc.shared, tc.writes))
-			wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
-			c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: tc.window}
-			t.Cleanup(c.Close)
+			srv, _ := serve(t, segmented(tc.shared, tc.writes))
+			c, wc := newClient(t, streams, tc.window)
 			body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, tc.shared, tc.writes) })
-			if wc.shared.Load() != 1 {
-				t.Fatalf("%d sessions said shared, want 1", wc.shared.Load())
+			if wc.dials.Load() != 1 {
+				t.Fatalf("%d sessions, want 1", wc.dials.Load())
 			}
 			if wire := wc.bytes.Load(); float64(wire) > tc.maxWireFactor*float64(body) {
 				t.Errorf("the session carried %d bytes for %d bytes of bodies, want at most %.1fx", wire, body, tc.maxWireFactor)
@@ -198,61 +153,40 @@ func TestSharedSegments(t *testing.T) {
 	}
 }
 
-// TestSharedNeedsBothEnds: a session whose client did not ask for shared
-// bytes (an older frontdoor) gets them as data.
-func TestSharedNeedsBothEnds(t *testing.T) {
-	const streams, writes = 4, 50
-	shared := blobs(3, 1000)
-	srv, _ := serve(t, true, segmented(shared, writes))
-	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropShared: true}
-	c := &Client{Transport: wc, MaxStreams: streams}
-	t.Cleanup(c.Close)
-	body := readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
-	if wc.shared.Load() != 0 {
-		t.Fatalf("%d sessions said shared to a client that did not ask", wc.shared.Load())
-	}
-	if wire := wc.bytes.Load(); wire < int64(body) {
-		t.Errorf("the session carried %d bytes for %d bytes of bodies: not as data", wire, body)
-	}
-}
-
 // TestSharedWindowBounds: a session's request naming a window that is not
 // a number of bytes, or one below the default, gets 400; one that names
 // none, a valid one or one past the largest is answered with the window
 // the session uses.
 func TestSharedWindowBounds(t *testing.T) {
-	srv, _ := serve(t, true, lines(1))
+	srv, _ := serve(t, lines(1))
 	for _, tc := range []struct {
 		asked      string
 		wantStatus int
 		wantWindow string
 	}{
-		{"", http.StatusOK, strconv.Itoa(DefaultSharedWindow)},
-		{strconv.Itoa(16 << 20), http.StatusOK, strconv.Itoa(16 << 20)},
+		{"", http.StatusSwitchingProtocols, strconv.Itoa(DefaultSharedWindow)},
+		{strconv.Itoa(16 << 20), http.StatusSwitchingProtocols, strconv.Itoa(16 << 20)},
 		{strconv.Itoa(DefaultSharedWindow - 1), http.StatusBadRequest, ""},
-		{strconv.Itoa(MaxSharedWindow + 1), http.StatusOK, strconv.Itoa(MaxSharedWindow)},
+		{strconv.Itoa(MaxSharedWindow + 1), http.StatusSwitchingProtocols, strconv.Itoa(MaxSharedWindow)},
 		{"16MiB", http.StatusBadRequest, ""},
 	} {
 		t.Run("asked "+tc.asked, func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			pr, pw := io.Pipe()
-			defer pw.Close()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+Path, pr)
-			req.Header.Set("Content-Type", ContentType)
-			req.Header.Set(SharedHeader, "1")
-			if tc.asked != "" {
-				req.Header.Set(SharedWindowHeader, tc.asked)
-			}
-			tr := &http.Transport{Protocols: service.ClientProtocols()}
-			defer tr.CloseIdleConnections()
-			resp, err := tr.RoundTrip(req)
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer resp.Body.Close()
-			if resp.StatusCode != tc.wantStatus || resp.Header.Get(SharedWindowHeader) != tc.wantWindow {
-				t.Fatalf("status %d, window %q; want %d, %q", resp.StatusCode, resp.Header.Get(SharedWindowHeader), tc.wantStatus, tc.wantWindow)
+			defer conn.Close()
+			req := "GET " + Path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: " + Protocol + "\r\n"
+			if tc.asked != "" {
+				req += WindowHeader + ": " + tc.asked + "\r\n"
+			}
+			io.WriteString(conn, req+"\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.wantStatus || resp.Header.Get(WindowHeader) != tc.wantWindow {
+				t.Fatalf("status %d, window %q; want %d, %q", resp.StatusCode, resp.Header.Get(WindowHeader), tc.wantStatus, tc.wantWindow)
 			}
 		})
 	}
@@ -260,58 +194,16 @@ func TestSharedWindowBounds(t *testing.T) {
 
 // TestSharedWindowLargerThanAsked: a server that answers with a window
 // larger than the client asked for (it would refer to bytes the client no
-// longer keeps) gets no session: the watch goes on a stream of its own.
+// longer keeps), or with none, gets no session: the watch fails (frontdoor
+// tries another replica).
 func TestSharedWindowLargerThanAsked(t *testing.T) {
-	srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != Path {
-			io.WriteString(w, "on its own stream")
-			return
+	for _, window := range []string{strconv.Itoa(2 * DefaultSharedWindow), ""} {
+		url := fakeServer(t, window, func(conn net.Conn, br *bufio.Reader) { io.Copy(io.Discard, br) })
+		c, _ := client(t, 8)
+		if resp, err := watch(c, context.Background(), url+"/x"); err == nil {
+			resp.Body.Close()
+			t.Fatalf("window %q: a session, want none", window)
 		}
-		w.Header().Set("Content-Type", ContentType)
-		w.Header().Set(SharedHeader, "1")
-		w.Header().Set(SharedWindowHeader, strconv.Itoa(2*DefaultSharedWindow))
-		w.WriteHeader(http.StatusOK)
-		http.NewResponseController(w).Flush()
-		<-r.Context().Done()
-	}))
-	c, ct := client(t, 8)
-	resp := get(t, c, context.Background(), srv.URL+"/x")
-	defer resp.Body.Close()
-	if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "on its own stream" {
-		t.Fatalf("body %q, %v", body, err)
-	}
-	if ct.requests(http.MethodPost) != 1 || ct.requests(http.MethodGet) != 1 {
-		t.Fatalf("%d session requests and %d of their own, want 1 and 1", ct.requests(http.MethodPost), ct.requests(http.MethodGet))
-	}
-}
-
-// TestSharedWindowOlderServer: a client that asks for a larger window from
-// a server that does not know the header (an older replica: the header
-// goes unread and unanswered) keeps the default window, as the server
-// does: more shared bytes than it holds are sent again (the session
-// carries more than with a server that takes the larger window), and every
-// body is whole.
-func TestSharedWindowOlderServer(t *testing.T) {
-	// One stream: what the session carries depends on the windows only,
-	// not on how streams interleave.
-	const streams = 1
-	shared := blobs(DefaultSharedWindow/windowPerShared+500, minShared)
-	writes := 2 * len(shared)
-	wire := map[bool]int64{}
-	for _, older := range []bool{false, true} {
-		srv, _ := serve(t, true, segmented(shared, writes))
-		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropWindow: older}
-		c := &Client{Transport: wc, MaxStreams: streams, SharedWindow: 4 << 20}
-		readAll(t, c, srv.URL+"/x", streams, func(name string) string { return segmentedBody(name, shared, writes) })
-		c.Close()
-		if wc.shared.Load() != 1 {
-			t.Fatalf("older=%v: %d sessions said shared, want 1", older, wc.shared.Load())
-		}
-		wire[older] = wc.bytes.Load()
-	}
-	t.Logf("wire bytes: %d with an older server, %d with one that keeps the window asked for", wire[true], wire[false])
-	if 2*wire[true] < 3*wire[false] {
-		t.Errorf("the session carried %d bytes with an older server and %d with one that keeps the window asked for: the older one kept more than the default", wire[true], wire[false])
 	}
 }
 
@@ -336,50 +228,38 @@ func TestRefsToBytesNotKept(t *testing.T) {
 		return b
 	}
 	for _, tc := range []struct {
-		name    string
-		frames  []byte
-		forgets bool   // the response says ForgetHeader
-		why     string // in the error, if set
+		name   string
+		frames []byte
+		why    string // in the error, if set
 	}{
-		{"never sent", appendFrame(nil, frameRefs, 1, ref(1)), false, ""},
-		{"after the last", appendFrame(shared(1), frameRefs, 1, ref(2)), false, ""},
-		{"out of order", shared(2), false, ""},
-		{"refs of 3 bytes", appendFrame(shared(1), frameRefs, 1, []byte{0, 0, 1}), false, ""},
+		{"never sent", appendFrame(nil, frameRefs, 1, ref(1)), ""},
+		{"after the last", appendFrame(shared(1), frameRefs, 1, ref(2)), ""},
+		{"out of order", shared(2), ""},
+		{"refs of 3 bytes", appendFrame(shared(1), frameRefs, 1, []byte{0, 0, 1}), ""},
 		{"forgotten", func() []byte {
 			var nums []uint32
 			for n := range uint32(DefaultSharedWindow/windowPerShared + 1) {
 				nums = append(nums, n+1)
 			}
 			return appendFrame(shared(nums...), frameRefs, 1, ref(1))
-		}(), false, ""},
-		{"forgotten by a forget frame", appendFrame(appendFrame(shared(1, 2), frameForget, 1, nil), frameRefs, 1, ref(1)), true, "refers to shared bytes 1, not kept"},
-		{"forget frame unannounced", appendFrame(shared(1), frameForget, 1, nil), false, "forget through shared bytes 1 unexpected"},
-		{"forget past the last", appendFrame(shared(1, 2), frameForget, 3, nil), true, "forget through shared bytes 3 unexpected"},
-		{"forget frame with a payload", appendFrame(shared(1), frameForget, 1, []byte{0}), true, "forget of 1 bytes"},
+		}(), ""},
+		{"forgotten by a forget frame", appendFrame(appendFrame(shared(1, 2), frameForget, 1, nil), frameRefs, 1, ref(1)), "refers to shared bytes 1, not kept"},
+		{"forget before any shared", appendFrame(nil, frameForget, 1, nil), "forget through shared bytes 1 unexpected"},
+		{"forget past the last", appendFrame(shared(1, 2), frameForget, 3, nil), "forget through shared bytes 3 unexpected"},
+		{"forget frame with a payload", appendFrame(shared(1), frameForget, 1, []byte{0}), "forget of 1 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, _ := serve(t, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", ContentType)
-				w.Header().Set(SharedHeader, "1")
-				if tc.forgets {
-					w.Header().Set(ForgetHeader, "1")
-				}
-				w.WriteHeader(http.StatusOK)
-				http.NewResponseController(w).Flush()
+			url := fakeServer(t, strconv.Itoa(DefaultSharedWindow), func(conn net.Conn, br *bufio.Reader) {
 				// The stream's head answers its open.
-				br := bufio.NewReader(r.Body)
-				if _, _, n, err := readHeader(br); err != nil {
-					return
-				} else if _, err := br.Discard(n); err != nil {
+				if readOpen(br) != nil {
 					return
 				}
-				w.Write(appendFrame(nil, frameHead, 1, []byte("HTTP/1.1 200 OK\r\n\r\n")))
-				w.Write(tc.frames)
-				http.NewResponseController(w).Flush()
-				<-r.Context().Done()
-			}))
+				head, _ := proto.Marshal(&heraldv1.WatchStreamHead{Code: http.StatusOK})
+				conn.Write(append(appendFrame(nil, frameHead, 1, head), tc.frames...))
+				io.Copy(io.Discard, br)
+			})
 			c, _ := client(t, 8)
-			resp := get(t, c, context.Background(), srv.URL+"/x")
+			resp := get(t, c, context.Background(), url+"/x")
 			defer resp.Body.Close()
 			_, err := io.ReadAll(resp.Body)
 			if err == nil || !errors.Is(err, errProtocol) {
@@ -502,14 +382,13 @@ func forgets(t *testing.T, b *[]byte) []uint32 {
 // that no stream used (sent or referred to) in that period and the one
 // before, at both ends (a forget frame): all of them in a session whose
 // streams used none, none older than one still in use; the same bytes
-// shared again afterwards go as a new shared frame. Only a session whose
-// frontdoor understands forget frames gets them.
+// shared again afterwards go as a new shared frame.
 func TestSharedExpiry(t *testing.T) {
 	bs := blobs(4, minShared)
-	newSession := func(forgets bool) *session {
-		return &session{shared: map[*byte]sharedNum{}, sent: sharedBytes{window: DefaultSharedWindow}, forgets: forgets}
+	newSession := func() *session {
+		return &session{shared: map[*byte]sharedNum{}, sent: sharedBytes{window: DefaultSharedWindow}}
 	}
-	ss := newSession(true)
+	ss := newSession()
 	for _, b := range bs {
 		ss.sharedLocked(b) // 1 to 4
 	}
@@ -552,7 +431,7 @@ func TestSharedExpiry(t *testing.T) {
 
 	// The oldest used, forgotten by the window since: everything after
 	// it may be in use, and stays.
-	ss = newSession(true)
+	ss = newSession()
 	ss.sent.window = DefaultSharedWindow
 	for range DefaultSharedWindow / windowPerShared {
 		ss.sharedLocked(make([]byte, minShared)) // each its own bytes
@@ -567,7 +446,7 @@ func TestSharedExpiry(t *testing.T) {
 	// The oldest used in this period, forgotten by the window before the
 	// period ends: a later, newer use does not take its place, and
 	// nothing is forgotten.
-	ss = newSession(true)
+	ss = newSession()
 	first := make([][]byte, DefaultSharedWindow/windowPerShared)
 	for i := range first {
 		first[i] = make([]byte, minShared)
@@ -587,110 +466,65 @@ func TestSharedExpiry(t *testing.T) {
 		t.Fatalf("forgot %v after the window forgot the oldest used in the period", got)
 	}
 
-	// An older frontdoor: no forget frame, nothing forgotten.
-	ss = newSession(false)
-	ss.sharedLocked(bs[0])
-	ss.out = ss.out[:0]
-	ss.expireLocked()
-	if ss.expireLocked() {
-		t.Fatal("a session without forget frames said it queued one")
-	}
-	if len(ss.out) != 0 || len(ss.sent.blobs) != 1 {
-		t.Fatalf("a session without forget frames sent %d bytes, keeps %d", len(ss.out), len(ss.sent.blobs))
-	}
-}
-
-// forgetting reports whether any of the server's sessions sends forget
-// frames.
-func (s *Server) forgetting() bool {
-	s.mu.Lock()
-	sessions := make([]*session, 0, len(s.sessions))
-	for ss := range s.sessions {
-		sessions = append(sessions, ss)
-	}
-	s.mu.Unlock()
-	forgets := false
-	for _, ss := range sessions {
-		ss.mu.Lock()
-		forgets = forgets || ss.forgets
-		ss.mu.Unlock()
-	}
-	return forgets
 }
 
 // TestSharedForgottenWhileIdle: over a real session, the shared bytes of a
 // session whose streams go quiet are forgotten at both ends (the session
-// keeps none), and the same bytes
-// written again afterwards cross again: every body is whole. A frontdoor
-// that does not say it understands forget frames (an older one) keeps its
-// bytes and is never sent one. Either way, an ended session keeps nothing
-// (SharedBytes).
+// keeps none), and the same bytes written again afterwards cross again:
+// every body is whole. An ended session keeps nothing (SharedBytes).
 func TestSharedForgottenWhileIdle(t *testing.T) {
 	const streams = 2
 	shared := blobs(4, 2000)
-	for _, older := range []bool{false, true} {
-		wrote, again := make(chan struct{}, streams), make(chan struct{})
-		mux := &Server{SharedIdle: time.Millisecond, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			sw := w.(SegmentWriter)
-			w.WriteHeader(http.StatusOK)
-			write := func() {
-				for _, b := range shared {
-					sw.WriteSegments([]Segment{{B: b, Shared: true}})
-				}
-				http.NewResponseController(w).Flush()
+	wrote, again := make(chan struct{}, streams), make(chan struct{})
+	mux := &Server{SharedIdle: time.Millisecond, Handler: httpWatch{http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(SegmentWriter)
+		w.WriteHeader(http.StatusOK)
+		write := func() {
+			for _, b := range shared {
+				sw.WriteSegments([]Segment{{B: b, Shared: true}})
 			}
+			http.NewResponseController(w).Flush()
+		}
+		write()
+		wrote <- struct{}{}
+		select {
+		case <-again:
 			write()
-			wrote <- struct{}{}
-			select {
-			case <-again:
-				write()
-			case <-r.Context().Done():
-			}
-		})}
-		srv := serveHandler(t, mux, mux)
-		wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}, dropForget: older}
-		c := &Client{Transport: wc, MaxStreams: streams}
-		t.Cleanup(c.Close)
-		var body atomic.Int64
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			want := strings.Repeat(string(bytes.Join(shared, nil)), 2)
-			body.Store(int64(readAll(t, c, srv.URL+"/x", streams, func(string) string { return want })))
-		}()
-		for range streams {
-			<-wrote
+		case <-r.Context().Done():
 		}
-		if f := mux.forgetting(); f == older {
-			t.Fatalf("older=%v: the session sends forget frames: %v", older, f)
+	})}}
+	srv := serveHandler(t, mux, mux)
+	c, wc := client(t, streams)
+	var body atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		want := strings.Repeat(string(bytes.Join(shared, nil)), 2)
+		body.Store(int64(readAll(t, c, srv.URL+"/x", streams, func(string) string { return want })))
+	}()
+	for range streams {
+		<-wrote
+	}
+	once := int64(len(bytes.Join(shared, nil)))
+	deadline := time.Now().Add(10 * time.Second)
+	for mux.SharedBytes() != 0 || c.SharedBytes() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the quiet session keeps %d shared bytes in the server and %d in the client, want none", mux.SharedBytes(), c.SharedBytes())
 		}
-		// Each end keeps them until it forgets them: never, with an older
-		// frontdoor (both keep them all until the session ends).
-		once := int64(len(bytes.Join(shared, nil)))
-		want := int64(0)
-		if older {
-			want = once
+		runtime.Gosched()
+	}
+	close(again)
+	<-done
+	// A session that ends keeps nothing at either end.
+	c.Close()
+	for mux.SharedBytes() != 0 || c.SharedBytes() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sessions ended, %d shared bytes kept in the server and %d in the client", mux.SharedBytes(), c.SharedBytes())
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for mux.SharedBytes() != want || c.SharedBytes() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("older=%v: the quiet session keeps %d shared bytes in the server and %d in the client, want %d", older, mux.SharedBytes(), c.SharedBytes(), want)
-			}
-			runtime.Gosched()
-		}
-		close(again)
-		<-done
-		// A session that ends keeps nothing at either end.
-		c.Close()
-		for mux.SharedBytes() != 0 || c.SharedBytes() != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("older=%v: the sessions ended, %d shared bytes kept in the server and %d in the client", older, mux.SharedBytes(), c.SharedBytes())
-			}
-			runtime.Gosched()
-		}
-		if wire := wc.bytes.Load(); older && wire >= 2*once || !older && wire < 2*once {
-			t.Errorf("older=%v: the session carried %d bytes for %d bytes of bodies (%d shared bytes)", older, wire, body.Load(), once)
-		}
+		runtime.Gosched()
+	}
+	if wire := wc.bytes.Load(); wire < 2*once {
+		t.Errorf("the session carried %d bytes for %d bytes of bodies (%d shared bytes): not sent again", wire, body.Load(), once)
 	}
 }
 
@@ -702,7 +536,7 @@ func TestSharedWaitsForCredit(t *testing.T) {
 	shared := blobs(4, 16<<10)
 	const writes = 2 * window / (16 << 10)
 	full := make(chan struct{})
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := w.(SegmentWriter)
 		w.WriteHeader(http.StatusOK)
 		sent := 0
@@ -717,9 +551,7 @@ func TestSharedWaitsForCredit(t *testing.T) {
 			sent += len(b)
 		}
 	}))
-	wc := &wireCounter{rt: &http.Transport{Protocols: service.ClientProtocols()}}
-	c := &Client{Transport: wc, MaxStreams: 8}
-	t.Cleanup(c.Close)
+	c, wc := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	defer resp.Body.Close()
 	<-full
@@ -749,7 +581,7 @@ func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 	shared := blobs(4, 16<<10)
 	const extra = 2 // writes after the first refusal
 	refused := make(chan int, 1)
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := w.(SegmentWriter)
 		w.WriteHeader(http.StatusOK)
 		if ok, err := sw.TryWriteSegments([]Segment{{B: make([]byte, wholeMax+1)}}); ok || err != nil {
@@ -774,8 +606,7 @@ func TestTryWriteSegmentsNeverWaits(t *testing.T) {
 			}
 		}
 	}))
-	c := &Client{Transport: &http.Transport{Protocols: service.ClientProtocols()}, MaxStreams: 8}
-	t.Cleanup(c.Close)
+	c, _ := client(t, 8)
 	resp := get(t, c, context.Background(), srv.URL+"/x")
 	defer resp.Body.Close()
 	n := <-refused
@@ -809,7 +640,7 @@ func TestWholeWriteAfterUncreditedRead(t *testing.T) {
 	const first = 100 << 10
 	second := bytes.Repeat([]byte{'b'}, window-first/2) // over window-first
 	read := make(chan struct{})
-	srv, _ := serve(t, true, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := w.(SegmentWriter)
 		w.WriteHeader(http.StatusOK)
 		if _, err := sw.WriteSegments([]Segment{{B: bytes.Repeat([]byte{'a'}, first)}}); err != nil {
