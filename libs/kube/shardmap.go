@@ -34,6 +34,20 @@ type Shard struct {
 	Partitions []int
 }
 
+// LoadShards loads the registry (LoadRegistry) and the shard map over it
+// (ParseShardMap): what a process that reads from the caches needs first.
+func LoadShards(resourcesFile, prefix, shardMap string) (*Registry, *ShardMap, error) {
+	reg, err := LoadRegistry(resourcesFile, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	shards, err := ParseShardMap(shardMap, reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reg, shards, nil
+}
+
 // ParseShardMap parses and validates a shard map against the registry:
 // every resource must be fully covered, by exactly one shard per partition.
 func ParseShardMap(s string, reg *Registry) (*ShardMap, error) {

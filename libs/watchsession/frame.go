@@ -91,28 +91,13 @@ const (
 	frameTrace
 )
 
+// frameNames names each frame type, in the order of their numbers.
+var frameNames = [...]string{frameOpen: "open", frameCredit: "credit", frameCancel: "cancel", frameHead: "head",
+	frameData: "data", frameEnd: "end", frameShared: "shared", frameRefs: "refs", frameForget: "forget", frameTrace: "trace"}
+
 func (t frameType) String() string {
-	switch t {
-	case frameOpen:
-		return "open"
-	case frameCredit:
-		return "credit"
-	case frameCancel:
-		return "cancel"
-	case frameHead:
-		return "head"
-	case frameData:
-		return "data"
-	case frameEnd:
-		return "end"
-	case frameShared:
-		return "shared"
-	case frameRefs:
-		return "refs"
-	case frameForget:
-		return "forget"
-	case frameTrace:
-		return "trace"
+	if int(t) < len(frameNames) && frameNames[t] != "" {
+		return frameNames[t]
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }

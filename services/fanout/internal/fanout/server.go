@@ -102,11 +102,7 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger, dial func(targ
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
-	if err != nil {
-		return nil, err
-	}
-	shards, err := kube.ParseShardMap(cfg.ShardMap(), reg)
+	reg, shards, err := kube.LoadShards(cfg.ResourcesFile, cfg.Prefix, cfg.ShardMap())
 	if err != nil {
 		return nil, err
 	}

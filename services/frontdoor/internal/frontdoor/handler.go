@@ -49,6 +49,16 @@ func (s *Server) handler() http.Handler {
 	return s.withAudit(h)
 }
 
+// gate is a filter whose step either answers the request itself (and
+// returns false) or lets it go on to next.
+func gate(next http.Handler, step func(http.ResponseWriter, *http.Request) bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if step(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
 // statusWriter writes err as the request's answer (Server.writeStatus).
 type statusWriter func(w http.ResponseWriter, r *http.Request, err error)
 
@@ -238,10 +248,8 @@ func withHealth(next http.Handler) http.Handler {
 // unless some credential is valid (counted in failures), a 429 or 503 when
 // the cluster could not be asked about a token.
 func withAuthentication(next http.Handler, authenticate func(*http.Request) (*User, error), failures *prometheus.CounterVec, fail statusWriter) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if authenticated(w, r, authenticate, failures, fail) {
-			next.ServeHTTP(w, r)
-		}
+	return gate(next, func(w http.ResponseWriter, r *http.Request) bool {
+		return authenticated(w, r, authenticate, failures, fail)
 	})
 }
 
@@ -302,13 +310,7 @@ func withReadOnly(next http.Handler, fail statusWriter) http.Handler {
 // non-resource path, discovery, or a resource of the registry (404/400),
 // whose list's or watch's selectors are checked (parsed, bounded: 400)
 // before any authorizer's review carries them.
-func (s *Server) withRequestInfo(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.resolve(w, r) {
-			next.ServeHTTP(w, r)
-		}
-	})
-}
+func (s *Server) withRequestInfo(next http.Handler) http.Handler { return gate(next, s.resolve) }
 
 // resolve is withRequestInfo's step: whether r goes on.
 func (s *Server) resolve(w http.ResponseWriter, r *http.Request) bool {
@@ -344,10 +346,8 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) bool {
 // asked. Discovery is every authenticated user's (kube-apiserver's
 // system:discovery binding).
 func withAuthorization(next http.Handler, allowed func(*http.Request, authz.Attributes) (bool, string, error), fail statusWriter) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if authorized(w, r, allowed, fail) {
-			next.ServeHTTP(w, r)
-		}
+	return gate(next, func(w http.ResponseWriter, r *http.Request) bool {
+		return authorized(w, r, allowed, fail)
 	})
 }
 
@@ -387,13 +387,7 @@ func authorized(w http.ResponseWriter, r *http.Request, allowed func(*http.Reque
 // first, then the options (resourceVersion, selectors, continue, limit;
 // 400 or 422) before any backend is asked. A watch is long-running from
 // here: no write-timeout applies to it.
-func (s *Server) withOptions(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.validOptions(w, r) {
-			next.ServeHTTP(w, r)
-		}
-	})
-}
+func (s *Server) withOptions(next http.Handler) http.Handler { return gate(next, s.validOptions) }
 
 // validOptions is withOptions' step: whether r goes on.
 func (s *Server) validOptions(w http.ResponseWriter, r *http.Request) bool {

@@ -205,10 +205,7 @@ func (b *backend) probe(timeout time.Duration) {
 // func unregisters it.
 func (b *backend) streaming(body *shedBody) func() {
 	b.mu.Lock()
-	if b.watches == nil {
-		b.watches = map[*shedBody]struct{}{}
-	}
-	b.watches[body] = struct{}{}
+	b.watches[body] = struct{}{} // made with the backend (newBackend)
 	b.mu.Unlock()
 	return func() {
 		b.mu.Lock()
@@ -281,7 +278,7 @@ func newFanoutPool(cfg Config, log *slog.Logger, m *metrics) (*fanoutPool, error
 	p.transport = sessions
 	p.streams = map[net.Conn]context.CancelFunc{}
 	p.noStreams = sync.NewCond(&p.streamsMu)
-	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }
+	p.newBackend = func(u *url.URL) *backend { return &backend{url: u, watches: map[*shedBody]struct{}{}} }
 	for _, a := range cfg.fanouts() {
 		u, err := url.Parse(a)
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {

@@ -14,7 +14,7 @@ import (
 // remains.
 func TestFanoutPoolResolvesNames(t *testing.T) {
 	p := &fanoutPool{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	p.newBackend = func(u *url.URL) *backend { return &backend{url: u} }
+	p.newBackend = func(u *url.URL) *backend { return &backend{url: u, watches: map[*shedBody]struct{}{}} }
 	static, _ := url.Parse("http://10.0.0.9:7200")
 	name, _ := url.Parse("http://localhost:7200")
 	b := p.newBackend(static)

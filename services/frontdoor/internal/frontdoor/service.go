@@ -37,11 +37,7 @@ func NewService(cfg Config, p *service.Process) (*service.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache.tls: %w", err)
 	}
-	reg, err := kube.LoadRegistry(cfg.ResourcesFile, cfg.Prefix)
-	if err != nil {
-		return nil, err
-	}
-	shards, err := kube.ParseShardMap(cfg.ShardMap(), reg)
+	reg, shards, err := kube.LoadShards(cfg.ResourcesFile, cfg.Prefix, cfg.ShardMap())
 	if err != nil {
 		return nil, err
 	}
