@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +35,11 @@ import (
 // record: the new stream has no metadata left to count from. A stream
 // created again by someone else, holding nothing and no generation, is
 // taken for lost the same way when the leader knew a generation.
+//
+// The leader also keeps the generation's number in etcd, beside its
+// election (generationKey): a stream created again has no metadata to count
+// from, and the replica that finds it may never have seen the old one (it
+// started, or won the election, after the loss).
 //
 // The metadata is written before the purge: a leader that dies between the
 // two leaves a stream whose records are older than its generation's first
@@ -94,6 +101,11 @@ func (i *Ingest) markLost() {
 // the stream was gone (or created again by someone else) and holds a new
 // generation, which starts with a resync marker.
 func (i *Ingest) checkGeneration(ctx context.Context) (recreated bool, err error) {
+	stored, err := i.storedGeneration(ctx)
+	if err != nil {
+		return false, err
+	}
+	i.known.Number = max(i.known.Number, stored)
 	gen, recorded, last, err := stream.ReadGeneration(ctx, i.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		i.markLost()
@@ -145,6 +157,11 @@ func (i *Ingest) checkGeneration(ctx context.Context) (recreated bool, err error
 		}
 		i.log.Info("recorded the stream's generation", "generation", gen.Number, "etcdClusterID", fmt.Sprintf("%x", es.ClusterID), "firstRevision", first)
 	}
+	if gen.Number > stored {
+		if err := i.storeGeneration(ctx, gen.Number); err != nil {
+			return false, err
+		}
+	}
 	i.setGeneration(gen, last)
 	return false, nil
 }
@@ -164,12 +181,16 @@ func (i *Ingest) setGeneration(gen stream.Generation, last int64) {
 // replica last saw, and a floor at the last revision it saw in the stream,
 // or the revision before etcd's current one, whichever is higher.
 func (i *Ingest) recreate(ctx context.Context) error {
+	number := max(i.known.Number, 1) + 1
+	if err := i.storeGeneration(ctx, number); err != nil {
+		return err
+	}
 	es, err := stream.ReadEtcdState(ctx, i.etcd, 0)
 	if err != nil {
 		i.m.failures.WithLabelValues("etcd").Inc()
 		return err
 	}
-	next := stream.Generation{Number: max(i.known.Number, 1) + 1, ClusterID: es.ClusterID, FirstRevision: es.Revision,
+	next := stream.Generation{Number: number, ClusterID: es.ClusterID, FirstRevision: es.Revision,
 		Floor: max(i.known.Floor, i.knownLast, es.Revision-1)}
 	cfg := i.cfg.StreamConfig()
 	cfg.Metadata = next.SetMetadata(cfg.Metadata)
@@ -203,5 +224,39 @@ func (i *Ingest) recordGeneration(ctx context.Context, g stream.Generation) erro
 		return fmt.Errorf("recording generation %d in the stream's metadata: %w", g.Number, err)
 	}
 	i.stream = st
+	return nil
+}
+
+// generationKey is the etcd key where the leader keeps the stream's
+// generation number: beside the election's keys (which are under
+// election.prefix + "/").
+func (i *Ingest) generationKey() string {
+	return strings.TrimRight(i.cfg.ElectionPrefix, "/") + ".generation"
+}
+
+// storedGeneration is the generation number kept in etcd (0: none).
+func (i *Ingest) storedGeneration(ctx context.Context) (int64, error) {
+	resp, err := i.etcd.Get(ctx, i.generationKey())
+	if err != nil {
+		i.m.failures.WithLabelValues("etcd").Inc()
+		return 0, fmt.Errorf("reading the stream's generation from etcd: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	if err != nil {
+		i.log.Warn("the stream's generation kept in etcd is not a number; ignored", "key", i.generationKey(), "value", string(resp.Kvs[0].Value))
+		return 0, nil
+	}
+	return n, nil
+}
+
+// storeGeneration keeps generation number n in etcd.
+func (i *Ingest) storeGeneration(ctx context.Context, n int64) error {
+	if _, err := i.etcd.Put(ctx, i.generationKey(), strconv.FormatInt(n, 10)); err != nil {
+		i.m.failures.WithLabelValues("etcd").Inc()
+		return fmt.Errorf("keeping the stream's generation %d in etcd: %w", n, err)
+	}
 	return nil
 }

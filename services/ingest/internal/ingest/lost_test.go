@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,4 +80,56 @@ func TestStreamLostWhileLeading(t *testing.T) {
 	if got := testutil.ToFloat64(a.m.generation); got != 2 {
 		t.Fatalf("herald_stream_generation = %v, want 2", got)
 	}
+}
+
+// TestStreamLostInNATSRestart: NATS restarts with its store wiped; the
+// replica that led is gone too, and the one that starts then never saw the
+// stream (it creates it, with no generation, before it leads). It counts on
+// from the generation the leader kept in etcd: generation 2 with a resync
+// marker, not generation 1 with a progress marker, under which caches would
+// take the new stream for the history they followed.
+func TestStreamLostInNATSRestart(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	n.start(t)
+	e := newTestEtcd(t)
+	e.start(t)
+	a := startReplica(t, e.url(), n.url(), "a")
+	a.leads(t, 0)
+	start := e.revision(t)
+	first := e.put(t, "p1")
+	waitIDs(t, n.reader(t).js, ids([]string{progressID(start)}, revs(first))...)
+	a.stop()
+
+	n.stop()
+	if err := os.RemoveAll(n.opts.StoreDir); err != nil {
+		t.Fatal(err)
+	}
+	lost := e.put(t, "p2") // appended by nobody
+	n.start(t)
+	r := n.reader(t)
+	b := startReplica(t, e.url(), n.url(), "b")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(b.log)
+		}
+	})
+	line, _ := b.log.wait(t, 0, "the stream was created again", "generation=2")
+	_, after, _ := strings.Cut(line, "resyncRevision=")
+	resync, err := strconv.ParseInt(after, 10, 64)
+	if err != nil || resync < lost {
+		t.Fatalf("%q: resync marker not after the change %d nobody appended (%v)", line, lost, err)
+	}
+	later := e.put(t, "p3")
+	waitIDs(t, r.js, ids([]string{resyncID(resync)}, revs(later))...)
+	st, err := r.js.Stream(t.Context(), "HERALD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen, _ := stream.GenerationOf(st.CachedInfo().Config.Metadata); gen.Number != 2 || gen.Floor < first {
+		t.Fatalf("the stream records generation %+v, want 2 with a floor from %d", gen, first)
+	}
+	if got := testutil.ToFloat64(b.m.failures.WithLabelValues("stream_lost")); got != 1 {
+		t.Fatalf(`herald_ingest_failures_total{cause="stream_lost"} = %v, want 1`, got)
+	}
+	waitReady(t, b, "")
 }
