@@ -31,15 +31,15 @@ import (
 // ready, and creates it again with the next generation, whose floor is the
 // last revision the replica saw in it (at least the revision before the
 // new generation's first: the changes nobody appended meanwhile are in no
-// stream). The number comes from what the replica last saw the stream
-// record: the new stream has no metadata left to count from. A stream
-// created again by someone else, holding nothing and no generation, is
-// taken for lost the same way when the leader knew a generation.
+// stream). A stream created again by someone else (a replica starting
+// meanwhile), holding nothing and no generation, is taken for lost the same
+// way when the leader knows a generation.
 //
-// The leader also keeps the generation's number in etcd, beside its
-// election (generationKey): a stream created again has no metadata to count
-// from, and the replica that finds it may never have seen the old one (it
-// started, or won the election, after the loss).
+// The new stream has no metadata left to count from, and the replica that
+// finds it may never have seen the old one (it started, or won the
+// election, after the loss): the leader also keeps the generation's number
+// in etcd, beside its election (generationKey), and the next generation is
+// one past the higher of that and what the replica saw.
 //
 // The metadata is written before the purge: a leader that dies between the
 // two leaves a stream whose records are older than its generation's first
