@@ -16,6 +16,9 @@
 //     while it was cut off or behind: its consumer reads on from whatever
 //     the stream still holds, without an error) it rebuilds, as for a resync
 //     marker, instead of applying what follows the gap.
+//   - A stream deleted and created again under the same name is another
+//     history, even where its sequences reach the shard's: told by its
+//     creation time, it is a gap too (generation.go).
 //
 // Reading the stream (subjects, records, split revisions, the event a change
 // makes) follows libs/stream's rules; the shard decides what to keep.
@@ -281,7 +284,7 @@ func (s *Shard) subjects() []string {
 // windows and subscribers: a broken consumer is invisible downstream. It
 // rebuilds from an etcd snapshot only when it must: at start, after a resync
 // marker, or when the stream no longer holds every message after the last
-// one it applied (a gap). Those rebuilds start at etcd's current revision
+// one it applied (a gap; a stream deleted and created again is one). Those rebuilds start at etcd's current revision
 // with empty windows: the history before a resync or a gap is not whole.
 func (s *Shard) Run(ctx context.Context) error {
 	etcdTLS, natsTLS, natsUser, err := s.cfg.Security(s.log)
