@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -28,6 +32,16 @@ import (
 //   - A resync marker at or below the shard's head is normally one the
 //     snapshot already covers; when the stream's generation changed, it
 //     opens another history and the shard rebuilds.
+//   - A stream deleted and created again (by an operator, or by NATS
+//     restarted with memory storage or a wiped store) holds another history
+//     whatever its generation says: ingest records the next generation in
+//     it, but it may also be one created before ingest noticed, with none.
+//     The shard tells it by its creation time (or a last sequence below the
+//     one it reads next), checked whenever the consumer skips or repeats a
+//     sequence or is created again, and every streamCheckInterval while it
+//     waits (a consumer created again on the new stream waits for the
+//     sequence it was at, which the new stream may take long to reach): it
+//     then rebuilds, as for a gap.
 //   - A watch from a resourceVersion up to the generation's floor (the
 //     highest revision a discarded history reached) is expired (410): such
 //     a revision may name a state of the other history, and the events
@@ -103,5 +117,39 @@ func (s *Shard) expiredByGeneration(req *heraldv1.WatchRequest) error {
 func (s *Shard) sendExpiredThrough(ctx context.Context) {
 	if floor := s.floor.Load(); floor > 0 {
 		_ = grpc.SetHeader(ctx, metadata.Pairs(rv.ExpiredThroughHeader, rv.FormatExpiredThrough(floor)))
+	}
+}
+
+// streamCheckInterval is how often a following shard checks that its
+// stream is still the one it rebuilt from.
+const streamCheckInterval = time.Second
+
+// recreated reports whether info is of another stream than the one created
+// at created (zero: unknown) that the shard reads at sequence next.
+func recreated(info *jetstream.StreamInfo, created time.Time, next uint64) bool {
+	return !created.IsZero() && !info.Created.Equal(created) || info.State.LastSeq+1 < next
+}
+
+// watchIdentity checks every streamCheckInterval, until ctx ends, that st is
+// still the stream created at created, holding the sequence before the one
+// the shard reads next (reading); when it is gone or was created again, it
+// calls lost and returns.
+func (s *Shard) watchIdentity(ctx context.Context, st stream.Reader, created time.Time, reading *atomic.Uint64, lost func()) {
+	t := time.NewTicker(streamCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		info, err := st.Info(ctx)
+		if errors.Is(err, jetstream.ErrStreamNotFound) || err == nil && recreated(info, created, reading.Load()) {
+			if ctx.Err() == nil {
+				s.log.Warn("the stream was deleted or created again; rebuilding from etcd once it is back", "stream", s.cfg.Stream)
+				lost()
+			}
+			return
+		}
 	}
 }

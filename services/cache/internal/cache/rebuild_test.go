@@ -37,6 +37,7 @@ type history struct {
 	etcdURL string
 	natsURL string
 	revs    []int64 // every revision put wrote, in order
+	gen     int64   // the generation message ids name (recreate)
 }
 
 func freeAddr(t *testing.T) string {
@@ -117,16 +118,22 @@ func (h *history) put(t *testing.T, ns, name string, gen int) int64 {
 	}
 	changes := []*heraldv1.Change{{Kind: heraldv1.Change_PUT, Key: key, Value: []byte(v), CreateRevision: created}}
 	for _, rec := range stream.Frame(rev, changes, 1<<20, 0) {
-		data, err := stream.Encode(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := h.js.Publish(t.Context(), stream.SubjectOf(registry(t), changes), data, jetstream.WithMsgID(stream.MsgID(rec))); err != nil {
-			t.Fatal(err)
-		}
+		h.publish(t, stream.SubjectOf(registry(t), changes), rec)
 	}
 	h.revs = append(h.revs, rev)
 	return rev
+}
+
+// publish appends rec on subject, under its message id in h's generation.
+func (h *history) publish(t *testing.T, subject string, rec *heraldv1.Record) {
+	t.Helper()
+	data, err := stream.Encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.Publish(t.Context(), subject, data, jetstream.WithMsgID(stream.GenerationMsgID(h.gen, rec))); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // startShard runs a shard on h (windows of 100 events, rebuilt from up to

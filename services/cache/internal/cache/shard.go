@@ -16,6 +16,9 @@
 //     while it was cut off or behind: its consumer reads on from whatever
 //     the stream still holds, without an error) it rebuilds, as for a resync
 //     marker, instead of applying what follows the gap.
+//   - A stream deleted and created again under the same name is another
+//     history, even where its sequences reach the shard's: told by its
+//     creation time, it is a gap too (generation.go).
 //
 // Reading the stream (subjects, records, split revisions, the event a change
 // makes) follows libs/stream's rules; the shard decides what to keep.
@@ -139,6 +142,10 @@ type Shard struct {
 
 	// compacted: etcd's compaction revision (compaction.go).
 	compacted atomic.Int64
+	// created: when the stream the shard last rebuilt from was created
+	// (apply goroutine only): a stream deleted and created again holds
+	// another history whatever its sequences (generation.go).
+	created time.Time
 }
 
 // New validates cfg and creates a shard; Start connects and loads it.
@@ -277,7 +284,7 @@ func (s *Shard) subjects() []string {
 // windows and subscribers: a broken consumer is invisible downstream. It
 // rebuilds from an etcd snapshot only when it must: at start, after a resync
 // marker, or when the stream no longer holds every message after the last
-// one it applied (a gap). Those rebuilds start at etcd's current revision
+// one it applied (a gap; a stream deleted and created again is one). Those rebuilds start at etcd's current revision
 // with empty windows: the history before a resync or a gap is not whole.
 func (s *Shard) Run(ctx context.Context) error {
 	etcdTLS, natsTLS, natsUser, err := s.cfg.Security(s.log)
@@ -344,8 +351,9 @@ func (s *Shard) gap(ctx context.Context, st stream.Reader, next uint64) (bool, e
 	if err != nil {
 		return false, fmt.Errorf("stream info: %w", err)
 	}
-	// LastSeq+1 < next: the stream was deleted and created again.
-	return info.State.FirstSeq > next || info.State.LastSeq+1 < next, nil
+	// LastSeq+1 < next, or another creation time: the stream was deleted
+	// and created again.
+	return info.State.FirstSeq > next || recreated(info, s.created, next), nil
 }
 
 // warmStart chooses where a rebuild starts so that the windows hold recent
@@ -402,6 +410,7 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 	var rebuildFrom int64 // a warm start's first revision; 0: none
 	if next == 0 {
 		s.ready.Store(false)
+		s.created = st.CachedInfo().Created
 		if err := s.checkGeneration(ctx, st); err != nil {
 			return 0, err
 		}
@@ -439,6 +448,15 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	// A stream deleted (and perhaps created again) leaves the consumer
+	// waiting, maybe forever, for the sequence it would read next.
+	var lost atomic.Bool
+	var reading atomic.Uint64
+	reading.Store(next)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	go s.watchIdentity(wctx, st, s.created, &reading, func() { lost.Store(true); it.Stop() })
+	var delivered uint64 // the consumer's sequence of the last message
 	caughtUp := func() {
 		if s.ready.Load() {
 			return
@@ -460,23 +478,32 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 			if ctx.Err() != nil {
 				return next, ctx.Err()
 			}
+			if lost.Load() {
+				s.m.gaps.Inc()
+				return 0, fmt.Errorf("%w: the stream was deleted or created again while the shard read sequence %d", errStreamGap, next)
+			}
 			return next, fmt.Errorf("next message: %w", err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
 			return next, fmt.Errorf("message metadata: %w", err)
 		}
-		if seq := meta.Sequence.Stream; seq > next {
-			// Skipped sequences: other subjects', or lost ones.
-			lost, err := s.gap(ctx, st, next)
+		// Skipped sequences (other subjects', or lost ones), a sequence
+		// gone back, or a consumer created again (its own sequence starts
+		// over; the ordered consumer does that past a reconnect, and on a
+		// stream created again under the same name, from the sequence it
+		// was at): the stream must still hold what the shard did not read.
+		if seq := meta.Sequence.Stream; seq != next || meta.Sequence.Consumer <= delivered {
+			gone, err := s.gap(ctx, st, next)
 			if err != nil {
 				return next, err
 			}
-			if lost {
+			if gone {
 				s.m.gaps.Inc()
-				return 0, fmt.Errorf("%w: after sequence %d the consumer delivered %d, and the stream no longer holds the messages between", errStreamGap, next-1, seq)
+				return 0, fmt.Errorf("%w: after sequence %d the consumer delivered %d, and the stream no longer holds the messages between (or was created again)", errStreamGap, next-1, seq)
 			}
 		}
+		delivered = meta.Sequence.Consumer
 		rec, err := stream.Decode(msg.Data())
 		if err != nil {
 			s.log.Error("stream message is not a record; skipped", "subject", msg.Subject(), "sequence", meta.Sequence.Stream, "err", err)
@@ -491,6 +518,7 @@ func (s *Shard) follow(ctx context.Context, next uint64, warm bool) (uint64, err
 			}
 		}
 		next = meta.Sequence.Stream + 1
+		reading.Store(next)
 		if meta.NumPending == 0 || next > catchUp {
 			caughtUp()
 		}

@@ -44,7 +44,7 @@ func connectIngest(t *testing.T, etcdURL, natsURL string, flags ...string) *Inge
 	if in.stream, err = in.js.CreateOrUpdateStream(t.Context(), in.streamConfig(t.Context())); err != nil {
 		t.Fatal(err)
 	}
-	if err := in.checkGeneration(t.Context()); err != nil {
+	if _, err := in.checkGeneration(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	return in

@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		etcdRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_etcd_revision", Help: "The latest etcd revision seen in a watch response header."}),
 		leader:        f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_leader", Help: "1 while this process is the publishing leader."}),
 		fragmented:    f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_fragmented_changes_total", Help: "Changes larger than one stream message (stream.max-message-bytes), appended in fragments over several parts."}),
-		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted, reframed)."}, []string{"cause"}),
+		failures:      f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_failures_total", Help: "Leadership terms ended by an error, by cause (etcd, nats, fenced, compacted, reframed, stream_lost)."}, []string{"cause"}),
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
 		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, the stream emptied, or the stream ends inside a revision framed otherwise)."}),
@@ -100,7 +100,10 @@ type Ingest struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 
-	ready  atomic.Bool // the stream exists
+	ready atomic.Bool // the stream exists
+	// lost: the stream was found gone and is not created again yet
+	// (generation.go); its loss is logged and counted once.
+	lost   atomic.Bool
 	etcdOK atomic.Bool // the last etcd interaction succeeded
 	// pause, when set, freezes the next append until it is closed (fault
 	// injection: a long GC pause in the middle of an append).
@@ -108,6 +111,12 @@ type Ingest struct {
 	// gen is the stream's generation, as the leader checked it
 	// (generation.go).
 	gen atomic.Int64
+	// known is the generation this replica last saw the stream record,
+	// knownLast the last revision it saw the stream hold (Run's goroutine
+	// only): what a stream found gone, or created again without them,
+	// lost (generation.go).
+	known     stream.Generation
+	knownLast int64
 	// appends counts the records this replica appended (Run's goroutine
 	// only): a term that moved it succeeded, whatever ended it.
 	appends uint64
@@ -137,6 +146,8 @@ func New(cfg Config, log *slog.Logger, promReg prometheus.Registerer, opts ...Op
 // Ready reports whether the replica is connected and has its stream.
 func (i *Ingest) Ready() error {
 	switch {
+	case i.lost.Load():
+		return errors.New("the stream is gone; waiting to create it again")
 	case !i.ready.Load():
 		return errors.New("the stream is not set up yet")
 	case !i.nc.IsConnected():
@@ -308,6 +319,9 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 		jetstream.WithExpectLastSequence(p.lastSeq),
 	)
 	if err != nil {
+		if lost := p.i.streamLost(ctx, err); lost != nil {
+			return lost
+		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 			p.i.m.failures.WithLabelValues("fenced").Inc()
@@ -323,6 +337,7 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 	p.i.m.publishTime.Observe(p.i.clock.Since(start).Seconds())
 	p.lastSeq = ack.Sequence
 	p.lastRev = rec.Revision
+	p.i.knownLast = rec.Revision
 	p.i.appends++
 	p.i.m.lastRev.Set(float64(rec.Revision))
 	if stream.IsMarker(rec) {
@@ -337,11 +352,15 @@ func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.R
 // lead runs one leadership term: resume from the stream, then watch etcd and
 // append until ctx ends or something fails.
 func (i *Ingest) lead(ctx context.Context) error {
-	if err := i.checkGeneration(ctx); err != nil {
+	recreated, err := i.checkGeneration(ctx)
+	if err != nil {
 		return err
 	}
 	lastSeq, startRev, skipParts, err := i.resumePoint(ctx)
 	if err != nil {
+		if lost := i.streamLost(ctx, err); lost != nil {
+			return lost
+		}
 		i.m.failures.WithLabelValues("nats").Inc()
 		return err
 	}
@@ -355,7 +374,15 @@ func (i *Ingest) lead(ctx context.Context) error {
 			return err
 		}
 		marker := stream.Progress(rev)
-		if lastSeq > 0 {
+		switch {
+		case recreated:
+			// A new generation in a stream created again: what the lost
+			// one held, and the changes nobody appended since, reach
+			// caches only through a rebuild from etcd.
+			marker = stream.Resync(rev)
+			i.log.Warn("the stream was created again; starting a new generation with a resync marker (caches rebuild from etcd, older resourceVersions expire)",
+				"generation", i.gen.Load(), "expiredThrough", i.known.Floor, "resyncRevision", rev)
+		case lastSeq > 0:
 			// Emptied (aged out, purged): what was appended last, and so
 			// where to resume, is lost, and so may be changes caches never
 			// saw. A progress marker would move their heads past them; a
