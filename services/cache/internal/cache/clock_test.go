@@ -64,7 +64,9 @@ func TestWaitForRunsOnTheClock(t *testing.T) {
 // fails as too large. (Real time: the head advances on a ticker.)
 func TestWaitCatchingUp(t *testing.T) {
 	_, s := testServer(t, newWindow(t, 10), snapRev, 1)
-	s.cfg.WaitTimeout = 300 * time.Millisecond
+	// The ticker's 20 ms against a 1 s wait timeout: a loaded machine may
+	// delay a tick by hundreds of milliseconds (300 ms was not enough).
+	s.cfg.WaitTimeout = time.Second
 	s.cfg.CatchUpTimeout = time.Hour
 	advance := func(every time.Duration, until int64) (stop func()) {
 		done := make(chan struct{})
@@ -86,7 +88,7 @@ func TestWaitCatchingUp(t *testing.T) {
 	}
 
 	// Catching up for 4 wait timeouts: the watch waits it out.
-	target := s.Head() + 60
+	target := s.Head() + 200
 	stop := advance(20*time.Millisecond, target)
 	start := time.Now()
 	err := s.waitCatchingUp(t.Context(), target, "pods")
@@ -100,12 +102,12 @@ func TestWaitCatchingUp(t *testing.T) {
 		t.Errorf("waitFor while the shard catches up = %v, want errTooLarge after wait-timeout", err)
 	}
 	// The cap bounds even a shard that keeps going.
-	s.cfg.CatchUpTimeout = time.Second
+	s.cfg.CatchUpTimeout = 2 * time.Second
 	start = time.Now()
 	err = s.waitCatchingUp(t.Context(), 1<<62, "pods")
 	stop()
-	if !errors.Is(err, errTooLarge) || time.Since(start) < time.Second {
-		t.Errorf("waitCatchingUp past the cap = %v after %v, want errTooLarge after 1s", err, time.Since(start))
+	if !errors.Is(err, errTooLarge) || time.Since(start) < s.cfg.CatchUpTimeout {
+		t.Errorf("waitCatchingUp past the cap = %v after %v, want errTooLarge after %v", err, time.Since(start), s.cfg.CatchUpTimeout)
 	}
 	// No progress: too large after the wait timeout.
 	s.cfg.CatchUpTimeout = time.Hour
