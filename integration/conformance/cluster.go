@@ -33,7 +33,11 @@ import (
 // (root-ca-certificate-publisher); namespace deletion, the garbage
 // collector and quota are what the Namespaces, Garbage collector and
 // ResourceQuota tests test; service-account tokens are what
-// kube-controller-manager's token controller maintains. No controller that
+// kube-controller-manager's token controller maintains; the wide suite's
+// ValidatingAdmissionPolicy tests wait, without a timeout of their own, for
+// the status controller to type-check their policies, and their quota tests
+// for a deleted PersistentVolumeClaim to go, which takes the protection
+// controller's removal of its finalizer. No controller that
 // makes pods (replication, replicaset, deployment, ...) runs: no kubelet
 // could run them.
 var Controllers = []string{
@@ -43,6 +47,8 @@ var Controllers = []string{
 	"root-ca-certificate-publisher-controller",
 	"garbage-collector-controller",
 	"resourcequota-controller",
+	"validatingadmissionpolicy-status-controller",
+	"persistentvolumeclaim-protection-controller",
 }
 
 // quotaSyncPeriod is kube-controller-manager's --resource-quota-sync-period
