@@ -37,7 +37,8 @@ import (
 // ValidatingAdmissionPolicy tests wait, without a timeout of their own, for
 // the status controller to type-check their policies, and their quota tests
 // for a deleted PersistentVolumeClaim to go, which takes the protection
-// controller's removal of its finalizer. No controller that
+// controller's removal of its finalizer, or for a claim to bind to the
+// PersistentVolume they made for it (the binder). No controller that
 // makes pods (replication, replicaset, deployment, ...) runs: no kubelet
 // could run them.
 var Controllers = []string{
@@ -49,6 +50,7 @@ var Controllers = []string{
 	"resourcequota-controller",
 	"validatingadmissionpolicy-status-controller",
 	"persistentvolumeclaim-protection-controller",
+	"persistentvolume-binder-controller",
 }
 
 // quotaSyncPeriod is kube-controller-manager's --resource-quota-sync-period
@@ -134,7 +136,11 @@ func StartCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error)
 		CertFile: pki.CertFile, KeyFile: pki.KeyFile, TokenFile: tokens, AdminToken: adminToken,
 		EncryptionConfig: enc, Authorization: "Node,RBAC",
 		Client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 5 * time.Second},
-		Args:   []string{"--client-ca-file=" + pki.CAFile, fmt.Sprintf("--etcd-compaction-interval=%s", o.CompactionInterval)},
+		Args: []string{"--client-ca-file=" + pki.CAFile, fmt.Sprintf("--etcd-compaction-interval=%s", o.CompactionInterval),
+			// As every production cluster with the Node authorizer has it
+			// (kubeadm's default): the wide suite's NodeAuthorizer tests
+			// check that a node cannot create or delete another.
+			"--enable-admission-plugins=NodeRestriction"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kube-apiserver: %w", err)
