@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -67,7 +68,11 @@ func (s *Server) body(info kube.RequestInfo, resp *heraldv1.ListResponse, n stor
 	switch {
 	case n.As() == storage.KindTable:
 		if get {
-			lm = metav1.ListMeta{ResourceVersion: lm.ResourceVersion}
+			// kube-apiserver's table of one object carries that
+			// object's resourceVersion, not the list's (its table
+			// convertors read it from the object): a client compares
+			// it with the same object's in a watch's Table events.
+			lm = metav1.ListMeta{ResourceVersion: objectResourceVersion(resp.Items[0])}
 		}
 		body = kube.TableWith(res, resp.Items, lm, true, include, now)
 	case n.As() == storage.KindPartialObjectMetadata:
@@ -130,4 +135,15 @@ func (s *Server) writeStatus(w http.ResponseWriter, r *http.Request, err error) 
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(int(st.Code))
 	w.Write(b)
+}
+
+// objectResourceVersion is the metadata.resourceVersion of a JSON object.
+func objectResourceVersion(obj []byte) string {
+	var o struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(obj, &o)
+	return o.Metadata.ResourceVersion
 }
