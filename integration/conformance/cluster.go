@@ -38,9 +38,10 @@ import (
 // the status controller to type-check their policies, and their quota tests
 // for a deleted PersistentVolumeClaim to go, which takes the protection
 // controller's removal of its finalizer, or for a claim to bind to the
-// PersistentVolume they made for it (the binder). No controller that
-// makes pods (replication, replicaset, deployment, ...) runs: no kubelet
-// could run them.
+// PersistentVolume they made for it (the binder). The replication,
+// replicaset and deployment controllers make the dependents of the garbage
+// collector's tests: their pods stay Pending (no scheduler, no kubelet),
+// which is all those tests need.
 var Controllers = []string{
 	"namespace-controller",
 	"serviceaccount-controller",
@@ -51,6 +52,9 @@ var Controllers = []string{
 	"validatingadmissionpolicy-status-controller",
 	"persistentvolumeclaim-protection-controller",
 	"persistentvolume-binder-controller",
+	"replicationcontroller-controller",
+	"replicaset-controller",
+	"deployment-controller",
 }
 
 // quotaSyncPeriod is kube-controller-manager's --resource-quota-sync-period
@@ -237,8 +241,9 @@ func grantHerald(ctx context.Context, kubectl, kubeconfig string, client kuberne
 	return err
 }
 
-// createReadyNode creates the one Node and marks it Ready: the framework
-// waits for schedulable nodes before any test, and no kubelet reports one.
+// createReadyNode creates the one Node, marks it Ready and untainted: the
+// framework waits for schedulable nodes before any test, and no kubelet
+// reports one.
 // Nothing updates it afterwards (no node lifecycle controller runs), so it
 // stays Ready.
 func createReadyNode(ctx context.Context, client kubernetes.Interface) error {
@@ -261,7 +266,14 @@ func createReadyNode(ctx context.Context, client kubernetes.Interface) error {
 		}},
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: NodeName}},
 	}
-	_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	if n, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	// kube-apiserver's TaintNodesByCondition admission gave the new node
+	// the not-ready taint, which only the node lifecycle controller (not
+	// run) removes: the framework's serial tests refuse a tainted node.
+	n.Spec.Taints = nil
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 	return err
 }
 

@@ -87,18 +87,6 @@ var Conformance = Suite{
 			Reason: "waits for its pod to be Running: needs a kubelet"},
 		{Match: "[sig-api-machinery] OrderedNamespaceDeletion namespace deletion should delete pod first",
 			Reason: "waits for its pod to be Running: needs a kubelet"},
-		{Match: "[sig-api-machinery] Garbage collector should delete pods created by rc when not orphaning",
-			Reason: "needs the replication controller (pods made by a controller this cluster does not run)"},
-		{Match: "[sig-api-machinery] Garbage collector should orphan pods created by rc if delete options say so",
-			Reason: "needs the replication controller (pods made by a controller this cluster does not run)"},
-		{Match: "[sig-api-machinery] Garbage collector should keep the rc around until all its pods are deleted if the deleteOptions says so",
-			Reason: "needs the replication controller (pods made by a controller this cluster does not run)"},
-		{Match: "[sig-api-machinery] Garbage collector should not delete dependents that have both valid owner and owner that's waiting for dependents to be deleted",
-			Reason: "needs the replication controller (pods made by a controller this cluster does not run)"},
-		{Match: "[sig-api-machinery] Garbage collector should delete RS created by deployment when not orphaning",
-			Reason: "needs the deployment controller (ReplicaSets made by a controller this cluster does not run)"},
-		{Match: "[sig-api-machinery] Garbage collector should orphan RS created by deployment when deleteOptions.PropagationPolicy is Orphan",
-			Reason: "needs the deployment controller (ReplicaSets made by a controller this cluster does not run)"},
 	},
 }
 

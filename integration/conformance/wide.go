@@ -37,8 +37,6 @@ var Wide = Suite{
 			Reason: "waits for its pod to be Running: needs a kubelet"},
 		{Match: "[sig-api-machinery] Garbage collector should delete jobs and pods created by cronjob",
 			Reason: "needs the cronjob and job controllers, and pods that run"},
-		{Match: "[sig-api-machinery] Garbage collector should orphan pods created by rc if deleteOptions.OrphanDependents is nil",
-			Reason: "needs the replication controller (pods made by a controller this cluster does not run)"},
 		{Match: "[sig-auth] Certificates API [Privileged:ClusterAdmin] should support building a client with a CSR",
 			Reason: "waits for kube-controller-manager's CSR signer, which this cluster does not run"},
 		{Match: "[sig-auth] NodeAuthenticator",
