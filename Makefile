@@ -58,9 +58,9 @@ kubeapi: ## Run only the side-by-side suite against a real kube-apiserver v1.37.
 	@$(GO) run ./integration/cmd/herald-kube-apiserver >/dev/null
 	cd integration && $(GO) test -count=1 -timeout 30m -v $(if $(RUN),-run '$(RUN)') ./kubeapi/
 
-conformance: ## Kubernetes' own sig-api-machinery [Conformance] tests (k8s.io/kubernetes v1.37.2 e2e) against kube-apiserver, then through Herald in cluster mode; prints the table, fails if Herald fails a test kube-apiserver passes (FOCUS=<regexp> runs fewer).
+conformance: ## Kubernetes' own sig-api-machinery [Conformance] tests (k8s.io/kubernetes v1.37.2 e2e) against kube-apiserver, then through Herald in cluster mode; prints the table, fails if Herald fails a test kube-apiserver passes (FOCUS=<regexp> runs fewer; SUITE=wide: sig-api-machinery's other tests and sig-auth's, 13 min more, kept out of CI for its 60-min limit).
 	@# Builds the e2e test binary and kube-controller-manager once (cached in ~/.cache/herald, ~11 min of 2 cores the first time), then runs.
-	$(GO) run ./integration/cmd/herald-conformance $(if $(FOCUS),-focus '$(FOCUS)')
+	$(GO) run ./integration/cmd/herald-conformance $(if $(SUITE),-suite '$(SUITE)') $(if $(FOCUS),-focus '$(FOCUS)')
 
 e2e-local: ## Run only the in-process end-to-end tests (integration/e2e; part of `make test`).
 	cd integration && $(GO) test -count=1 -timeout 20m -v ./e2e/...

@@ -33,9 +33,15 @@ import (
 // (root-ca-certificate-publisher); namespace deletion, the garbage
 // collector and quota are what the Namespaces, Garbage collector and
 // ResourceQuota tests test; service-account tokens are what
-// kube-controller-manager's token controller maintains. No controller that
-// makes pods (replication, replicaset, deployment, ...) runs: no kubelet
-// could run them.
+// kube-controller-manager's token controller maintains; the wide suite's
+// ValidatingAdmissionPolicy tests wait, without a timeout of their own, for
+// the status controller to type-check their policies, and their quota tests
+// for a deleted PersistentVolumeClaim to go, which takes the protection
+// controller's removal of its finalizer, or for a claim to bind to the
+// PersistentVolume they made for it (the binder). The replication,
+// replicaset and deployment controllers make the dependents of the garbage
+// collector's tests: their pods stay Pending (no scheduler, no kubelet),
+// which is all those tests need.
 var Controllers = []string{
 	"namespace-controller",
 	"serviceaccount-controller",
@@ -43,6 +49,12 @@ var Controllers = []string{
 	"root-ca-certificate-publisher-controller",
 	"garbage-collector-controller",
 	"resourcequota-controller",
+	"validatingadmissionpolicy-status-controller",
+	"persistentvolumeclaim-protection-controller",
+	"persistentvolume-binder-controller",
+	"replicationcontroller-controller",
+	"replicaset-controller",
+	"deployment-controller",
 }
 
 // quotaSyncPeriod is kube-controller-manager's --resource-quota-sync-period
@@ -128,7 +140,11 @@ func StartCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error)
 		CertFile: pki.CertFile, KeyFile: pki.KeyFile, TokenFile: tokens, AdminToken: adminToken,
 		EncryptionConfig: enc, Authorization: "Node,RBAC",
 		Client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 5 * time.Second},
-		Args:   []string{"--client-ca-file=" + pki.CAFile, fmt.Sprintf("--etcd-compaction-interval=%s", o.CompactionInterval)},
+		Args: []string{"--client-ca-file=" + pki.CAFile, fmt.Sprintf("--etcd-compaction-interval=%s", o.CompactionInterval),
+			// As every production cluster with the Node authorizer has it
+			// (kubeadm's default): the wide suite's NodeAuthorizer tests
+			// check that a node cannot create or delete another.
+			"--enable-admission-plugins=NodeRestriction"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kube-apiserver: %w", err)
@@ -225,8 +241,9 @@ func grantHerald(ctx context.Context, kubectl, kubeconfig string, client kuberne
 	return err
 }
 
-// createReadyNode creates the one Node and marks it Ready: the framework
-// waits for schedulable nodes before any test, and no kubelet reports one.
+// createReadyNode creates the one Node, marks it Ready and untainted: the
+// framework waits for schedulable nodes before any test, and no kubelet
+// reports one.
 // Nothing updates it afterwards (no node lifecycle controller runs), so it
 // stays Ready.
 func createReadyNode(ctx context.Context, client kubernetes.Interface) error {
@@ -249,7 +266,14 @@ func createReadyNode(ctx context.Context, client kubernetes.Interface) error {
 		}},
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: NodeName}},
 	}
-	_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	if n, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	// kube-apiserver's TaintNodesByCondition admission gave the new node
+	// the not-ready taint, which only the node lifecycle controller (not
+	// run) removes: the framework's serial tests refuse a tainted node.
+	n.Spec.Taints = nil
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 	return err
 }
 

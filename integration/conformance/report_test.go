@@ -145,12 +145,13 @@ func TestWriteTable(t *testing.T) {
 	}
 }
 
-// TestSkipList: every entry is a literal part of a test name that the
-// -ginkgo.skip expression matches, and nothing else the focus selects.
+// TestSkipList: every literal entry of the conformance suite is a part of a
+// test name that the -ginkgo.skip expression matches, and nothing else the
+// focus selects.
 func TestSkipList(t *testing.T) {
-	skip := regexp.MustCompile(SkipRegexp())
-	focus := regexp.MustCompile(Focus)
-	for _, s := range Skip {
+	skip := regexp.MustCompile(Conformance.SkipRegexp())
+	focus := regexp.MustCompile(Conformance.Focus)
+	for _, s := range Conformance.Skip {
 		name := s.Match + " some test [Conformance]"
 		if !skip.MatchString(name) || !focus.MatchString(name) {
 			t.Errorf("%q: skip matches %v, focus matches %v; want both", name, skip.MatchString(name), focus.MatchString(name))
@@ -164,14 +165,58 @@ func TestSkipList(t *testing.T) {
 			t.Errorf("skip matches %q", kept)
 		}
 	}
-	if err := CheckSkipList([]string{watchTest}); err == nil || !strings.Contains(err.Error(), "match no selected test") {
+	if err := Conformance.CheckSkipList([]string{watchTest}); err == nil || !strings.Contains(err.Error(), "match no selected test") {
 		t.Errorf("a skip list naming absent tests: %v, want an error", err)
 	}
 	var all []string
-	for _, s := range Skip {
+	for _, s := range Conformance.Skip {
 		all = append(all, s.Match+" x")
 	}
-	if err := CheckSkipList(all); err != nil {
+	if err := Conformance.CheckSkipList(all); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestWideSuite: the wide selection leaves out every test the conformance
+// suite selects, keeps sig-api-machinery's others and sig-auth's, and each
+// entry of its skip list has a reason and is a valid expression.
+func TestWideSuite(t *testing.T) {
+	focus := regexp.MustCompile(Wide.Focus)
+	skip := regexp.MustCompile(Wide.SkipRegexp())
+	for _, e := range Wide.Skip {
+		if e.Reason == "" {
+			t.Errorf("%s has no reason", e)
+		}
+		if (e.Match == "") == (e.Pattern == "") {
+			t.Errorf("%s: want exactly one of Match and Pattern", e)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		run  bool
+	}{
+		{watchTest, false},
+		{chunkTest, false},
+		{"[sig-api-machinery] ServerSideApply should work for CRDs", true},
+		{"[sig-auth] SelfSubjectReview should support SelfSubjectReview API operations", true},
+		{"[sig-apps] Deployment deployment should support rollover [Conformance]", false},
+	} {
+		if got := focus.MatchString(tc.name) && !skip.MatchString(tc.name); got != tc.run {
+			t.Errorf("%q runs: %v, want %v", tc.name, got, tc.run)
+		}
+		if _, skipped := Wide.Skipped(tc.name); focus.MatchString(tc.name) && skipped == tc.run {
+			t.Errorf("%q: Skipped says %v, want %v", tc.name, skipped, !tc.run)
+		}
+	}
+	if err := Wide.CheckSkipList([]string{"[sig-api-machinery] ServerSideApply should work for CRDs"}); err == nil {
+		t.Error("a pattern that matches no selected test: no error")
+	}
+	for _, name := range []string{"conformance", "wide"} {
+		if s, err := SuiteNamed(name); err != nil || s.Name != name {
+			t.Errorf("SuiteNamed(%q) = %q, %v", name, s.Name, err)
+		}
+	}
+	if _, err := SuiteNamed("all"); err == nil {
+		t.Error(`SuiteNamed("all"): no error`)
 	}
 }

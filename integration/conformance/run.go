@@ -26,7 +26,9 @@ type Options struct {
 	CompactionInterval time.Duration
 	// Timeout bounds each of the two runs (ginkgo's suite timeout).
 	Timeout time.Duration
-	// Focus overrides the package's Focus.
+	// Suite is the selection run (Conformance by default).
+	Suite Suite
+	// Focus overrides the suite's Focus.
 	Focus string
 }
 
@@ -41,6 +43,9 @@ const (
 // and prints the comparison. The error is the comparison's (Comparison.Err)
 // or whatever kept the runs from happening.
 func Run(ctx context.Context, o Options) (Comparison, error) {
+	if o.Suite.Name == "" {
+		o.Suite = Conformance
+	}
 	start := time.Now()
 	step := func(format string, args ...any) {
 		fmt.Fprintf(o.Out, "conformance [%s]: %s\n", time.Since(start).Round(time.Second), fmt.Sprintf(format, args...))
@@ -68,20 +73,24 @@ func Run(ctx context.Context, o Options) (Comparison, error) {
 	// Everything Focus selects, to check that each Skip entry still names
 	// a test (a dry run talks to no server).
 	listed, err := RunSuite(ctx, SuiteOptions{Bin: e2eBin, Kubeconfig: os.DevNull, Kubectl: o.Kubectl, Dir: o.Dir,
-		Name: "selected", Timeout: time.Minute, DryRun: true, NoSkip: true, Focus: o.Focus})
+		Name: "selected", Timeout: time.Minute, DryRun: true, NoSkip: true, Suite: o.Suite, Focus: o.Focus})
 	if err != nil {
 		return Comparison{}, err
 	}
 	var names []string
+	skipped := 0
 	for n := range listed.Results {
 		names = append(names, n)
+		if _, ok := o.Suite.Skipped(n); ok {
+			skipped++
+		}
 	}
 	if o.Focus == "" {
-		if err := CheckSkipList(names); err != nil {
+		if err := o.Suite.CheckSkipList(names); err != nil {
 			return Comparison{}, err
 		}
 	}
-	step("%d tests selected, %d of them skipped by the harness (see its skip list)", len(names), countSkipped(names))
+	step("suite %s: %d tests selected, %d of them skipped by the harness (see its skip list)", o.Suite.Name, len(names), skipped)
 
 	cluster, err := StartCluster(ctx, ClusterOptions{
 		Dir: o.Dir, KubeAPIServer: kas, KubeControllerManager: kcm, HeraldBinDir: heraldBin,
@@ -98,7 +107,7 @@ func Run(ctx context.Context, o Options) (Comparison, error) {
 		t := time.Now()
 		step("running the tests against %s (log: %s)", side.name, filepath.Join(o.Dir, side.name+".log"))
 		r, err := RunSuite(ctx, SuiteOptions{Bin: e2eBin, Kubeconfig: side.kubeconfig, Kubectl: o.Kubectl, Dir: o.Dir,
-			Name: side.name, Timeout: o.Timeout, Focus: o.Focus})
+			Name: side.name, Timeout: o.Timeout, Suite: o.Suite, Focus: o.Focus})
 		if err != nil {
 			return Comparison{}, err
 		}
@@ -114,17 +123,4 @@ func Run(ctx context.Context, o Options) (Comparison, error) {
 	c := Compare(runs[Baseline], runs[Herald])
 	c.WriteTable(o.Out, Baseline, Herald)
 	return c, c.Err()
-}
-
-func countSkipped(names []string) int {
-	n := 0
-	for _, name := range names {
-		for _, s := range Skip {
-			if containsLiteral(name, s.Match) {
-				n++
-				break
-			}
-		}
-	}
-	return n
 }

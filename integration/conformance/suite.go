@@ -11,71 +11,124 @@ import (
 	"time"
 )
 
-// Focus selects the tests: sig-api-machinery's conformance tests.
-const Focus = `\[sig-api-machinery\].*\[Conformance\]`
-
-// Skip is every test Focus selects that this harness does not run, each
-// with why: each needs something the cluster deliberately lacks (a kubelet
-// that runs pods, hence webhook servers and aggregated API servers, or a
-// controller that creates pods). Each entry is a literal part of the tests'
-// full names; an entry that matches no selected test fails the run, so the
-// list cannot silently go stale.
-var Skip = []struct{ Match, Reason string }{
-	{"[sig-api-machinery] AdmissionWebhook [Privileged:ClusterAdmin]",
-		"every test deploys its webhook server as a Deployment: needs running pods"},
-	{"[sig-api-machinery] CustomResourceConversionWebhook [Privileged:ClusterAdmin]",
-		"deploys the conversion webhook server as a Deployment: needs running pods"},
-	{"[sig-api-machinery] CustomResourceFieldSelectors [Privileged:ClusterAdmin]",
-		"deploys a conversion webhook server as a Deployment: needs running pods"},
-	{"[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server",
-		"runs the sample aggregated API server as a Deployment: needs running pods"},
-	{"[sig-api-machinery] Namespaces should ensure that all pods are removed when a namespace is deleted",
-		"waits for its pod to be Running: needs a kubelet"},
-	{"[sig-api-machinery] OrderedNamespaceDeletion namespace deletion should delete pod first",
-		"waits for its pod to be Running: needs a kubelet"},
-	{"[sig-api-machinery] Garbage collector should delete pods created by rc when not orphaning",
-		"needs the replication controller (pods made by a controller this cluster does not run)"},
-	{"[sig-api-machinery] Garbage collector should orphan pods created by rc if delete options say so",
-		"needs the replication controller (pods made by a controller this cluster does not run)"},
-	{"[sig-api-machinery] Garbage collector should keep the rc around until all its pods are deleted if the deleteOptions says so",
-		"needs the replication controller (pods made by a controller this cluster does not run)"},
-	{"[sig-api-machinery] Garbage collector should not delete dependents that have both valid owner and owner that's waiting for dependents to be deleted",
-		"needs the replication controller (pods made by a controller this cluster does not run)"},
-	{"[sig-api-machinery] Garbage collector should delete RS created by deployment when not orphaning",
-		"needs the deployment controller (ReplicaSets made by a controller this cluster does not run)"},
-	{"[sig-api-machinery] Garbage collector should orphan RS created by deployment when deleteOptions.PropagationPolicy is Orphan",
-		"needs the deployment controller (ReplicaSets made by a controller this cluster does not run)"},
+// Suite is one selection of the e2e tests: what Focus selects, less what
+// Skip leaves out.
+type Suite struct {
+	// Name names the selection (-suite) and the directory of its runs.
+	Name  string
+	Focus string
+	// Skip is every test Focus selects that the harness does not run, each
+	// with why. An entry that matches no selected test fails the run, so
+	// the list cannot silently go stale.
+	Skip []SkipEntry
 }
 
-// SkipRegexp is the -ginkgo.skip expression of Skip.
-func SkipRegexp() string {
-	parts := make([]string, len(Skip))
-	for i, s := range Skip {
-		parts[i] = regexp.QuoteMeta(s.Match)
+// SkipEntry leaves out the tests whose full name contains Match (a literal
+// part of it) or, if Pattern is set instead, matches that regular
+// expression.
+type SkipEntry struct {
+	Match, Pattern, Reason string
+}
+
+func (e SkipEntry) regexp() string {
+	if e.Pattern != "" {
+		return e.Pattern
+	}
+	return regexp.QuoteMeta(e.Match)
+}
+
+func (e SkipEntry) matches(name string) bool {
+	if e.Pattern != "" {
+		return regexp.MustCompile(e.Pattern).MatchString(name)
+	}
+	return strings.Contains(name, e.Match)
+}
+
+func (e SkipEntry) String() string {
+	if e.Pattern != "" {
+		return "/" + e.Pattern + "/"
+	}
+	return e.Match
+}
+
+// Suites are the selections the harness runs: Conformance (`make
+// conformance`, in CI) and Wide (`make conformance SUITE=wide`).
+var Suites = []Suite{Conformance, Wide}
+
+// SuiteNamed returns the suite called name.
+func SuiteNamed(name string) (Suite, error) {
+	var names []string
+	for _, s := range Suites {
+		if s.Name == name {
+			return s, nil
+		}
+		names = append(names, s.Name)
+	}
+	return Suite{}, fmt.Errorf("no suite %q (have %s)", name, strings.Join(names, ", "))
+}
+
+// Conformance is sig-api-machinery's conformance tests that need no running
+// pod. Each skipped test needs something the cluster deliberately lacks (a
+// kubelet that runs pods, hence webhook servers and aggregated API servers,
+// or a controller that creates pods).
+var Conformance = Suite{
+	Name:  "conformance",
+	Focus: `\[sig-api-machinery\].*\[Conformance\]`,
+	Skip: []SkipEntry{
+		{Match: "[sig-api-machinery] AdmissionWebhook [Privileged:ClusterAdmin]",
+			Reason: "every test deploys its webhook server as a Deployment: needs running pods"},
+		{Match: "[sig-api-machinery] CustomResourceConversionWebhook [Privileged:ClusterAdmin]",
+			Reason: "deploys the conversion webhook server as a Deployment: needs running pods"},
+		{Match: "[sig-api-machinery] CustomResourceFieldSelectors [Privileged:ClusterAdmin]",
+			Reason: "deploys a conversion webhook server as a Deployment: needs running pods"},
+		{Match: "[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server",
+			Reason: "runs the sample aggregated API server as a Deployment: needs running pods"},
+		{Match: "[sig-api-machinery] Namespaces should ensure that all pods are removed when a namespace is deleted",
+			Reason: "waits for its pod to be Running: needs a kubelet"},
+		{Match: "[sig-api-machinery] OrderedNamespaceDeletion namespace deletion should delete pod first",
+			Reason: "waits for its pod to be Running: needs a kubelet"},
+	},
+}
+
+// SkipRegexp is the -ginkgo.skip expression of the suite's Skip.
+func (s Suite) SkipRegexp() string {
+	parts := make([]string, len(s.Skip))
+	for i, e := range s.Skip {
+		parts[i] = e.regexp()
 	}
 	return strings.Join(parts, "|")
 }
 
-// CheckSkipList returns an error if an entry of Skip matches none of names
-// (the tests Focus selects).
-func CheckSkipList(names []string) error {
+// CheckSkipList returns an error if an entry of the suite's Skip matches
+// none of names (the tests Focus selects).
+func (s Suite) CheckSkipList(names []string) error {
 	var stale []string
-	for _, s := range Skip {
+	for _, e := range s.Skip {
 		found := false
 		for _, n := range names {
-			if containsLiteral(n, s.Match) {
+			if e.matches(n) {
 				found = true
 				break
 			}
 		}
 		if !found {
-			stale = append(stale, s.Match)
+			stale = append(stale, e.String())
 		}
 	}
 	if len(stale) > 0 {
-		return fmt.Errorf("skip list entries that match no selected test (renamed upstream?): %q", stale)
+		return fmt.Errorf("%s: skip list entries that match no selected test (renamed upstream?): %q", s.Name, stale)
 	}
 	return nil
+}
+
+// Skipped returns the entry of Skip that leaves out the test called name.
+func (s Suite) Skipped(name string) (SkipEntry, bool) {
+	for _, e := range s.Skip {
+		if e.matches(name) {
+			return e, true
+		}
+	}
+	return SkipEntry{}, false
 }
 
 // SuiteOptions say how to run the e2e binary once.
@@ -89,10 +142,12 @@ type SuiteOptions struct {
 	// DryRun lists the selected tests without running them (ginkgo's
 	// -ginkgo.dry-run): every selected test reports "passed".
 	DryRun bool
-	// Focus overrides the package's Focus (e.g. one test).
+	// Suite is the selection: its Focus, less its Skip.
+	Suite Suite
+	// Focus overrides the suite's Focus (e.g. one test).
 	Focus string
-	// NoSkip runs without Skip (with DryRun: lists everything Focus
-	// selects, to check Skip against).
+	// NoSkip runs without the suite's Skip (with DryRun: lists everything
+	// Focus selects, to check Skip against).
 	NoSkip bool
 }
 
@@ -102,7 +157,7 @@ type SuiteOptions struct {
 // error: failed tests are results. A missing or unreadable report is.
 func RunSuite(ctx context.Context, o SuiteOptions) (Report, error) {
 	if o.Focus == "" {
-		o.Focus = Focus
+		o.Focus = o.Suite.Focus
 	}
 	report := filepath.Join(o.Dir, o.Name+".json")
 	out := filepath.Join(o.Dir, o.Name+"-output")
@@ -122,8 +177,8 @@ func RunSuite(ctx context.Context, o SuiteOptions) (Report, error) {
 		"-ginkgo.timeout=" + o.Timeout.String(),
 		"-ginkgo.no-color", "-ginkgo.v",
 	}
-	if !o.NoSkip {
-		args = append(args, "-ginkgo.skip="+SkipRegexp())
+	if !o.NoSkip && len(o.Suite.Skip) > 0 {
+		args = append(args, "-ginkgo.skip="+o.Suite.SkipRegexp())
 	}
 	if o.DryRun {
 		args = append(args, "-ginkgo.dry-run")
@@ -143,5 +198,3 @@ func RunSuite(ctx context.Context, o SuiteOptions) (Report, error) {
 	}
 	return ReadReport(report)
 }
-
-func containsLiteral(name, part string) bool { return strings.Contains(name, part) }

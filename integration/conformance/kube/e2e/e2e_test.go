@@ -1,10 +1,10 @@
 // Package e2e is Kubernetes' e2e test binary (k8s.io/kubernetes v1.37.2's
-// test/e2e), reduced to the sig-api-machinery tests: `go test -c` of this
+// test/e2e), reduced to the sig-api-machinery and sig-auth tests: `go test -c` of this
 // package is what `make conformance` runs against kube-apiserver and then
 // against Herald. It registers the same flags and file sources as upstream's
 // test/e2e/e2e_test.go and runs the same suite (e2e.RunE2ETests); only the
-// test sources imported differ (apimachinery alone keeps the build to about a
-// quarter of the full binary's).
+// test sources imported differ (sig-api-machinery's and sig-auth's alone keep
+// the build to about a quarter of the full binary's).
 package e2e
 
 import (
@@ -25,8 +25,11 @@ import (
 	// Constants the tests' labels use, frozen before the tests register.
 	_ "k8s.io/kubernetes/test/e2e/feature"
 
-	// The tests: sig-api-machinery only.
+	// The tests: sig-api-machinery's (make conformance and its wide
+	// selection) and sig-auth's (the wide selection's SelfSubjectReview,
+	// SubjectReview and ServiceAccounts tests; a dozen packages more).
 	_ "k8s.io/kubernetes/test/e2e/apimachinery"
+	_ "k8s.io/kubernetes/test/e2e/auth"
 
 	// The framework's reconfiguration, as upstream's binary has it.
 	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"

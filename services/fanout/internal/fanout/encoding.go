@@ -204,12 +204,16 @@ func (e *encoder) objectLocked(it *item, f format, prev bool) ([]byte, error) {
 // initial-events-end annotation when initialEnd, as kube-apiserver encodes
 // it (a built-in kind's empty object has its non-optional fields:
 // "spec":{"containers":null}). A custom resource's (an unstructured object,
-// its keys sorted) and a Table watch's are bookmarkLine's.
+// its keys sorted) is bookmarkLine's; a Table watch's is a Table
+// (tableBookmarkLine), here without column definitions (the stream asks
+// for them when the bookmark is its first event).
 func (e *encoder) bookmark(f format, rev int64, initialEnd bool) ([]byte, error) {
 	switch {
 	case f.as == storage.KindPartialObjectMetadataList:
 		return nil, errWatchAsList
-	case f.as == storage.KindTable || (f.as == "" && e.custom):
+	case f.as == storage.KindTable:
+		return tableBookmarkLine(e.res, rev, initialEnd, false, e.now()), nil
+	case f.as == "" && e.custom:
 		return bookmarkLine(e.res, rev, initialEnd), nil
 	}
 	rv := strconv.FormatInt(rev, 10)
@@ -255,6 +259,11 @@ func (e *encoder) errorEvent(f format, err error) []byte {
 
 // bookmark writes a BOOKMARK at rev in the stream's format.
 func (st *stream) bookmark(rev int64, initialEnd bool) {
+	if st.f.as == storage.KindTable {
+		st.raw(tableBookmarkLine(st.enc.res, rev, initialEnd, !st.tableCols, st.enc.now()))
+		st.tableCols = true
+		return
+	}
 	b, err := st.enc.bookmark(st.f, rev, initialEnd)
 	if err != nil {
 		if st.err == nil {

@@ -182,6 +182,20 @@ func TestBookmarkAndErrorEvents(t *testing.T) {
 	if got := string(must(widgets.bookmark(jsonLines, 60, false))); got != `{"type":"BOOKMARK","object":{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"resourceVersion":"60"}}}`+"\n" {
 		t.Fatalf("custom resource bookmark: %s", got)
 	}
+	// A Table watch's bookmark is a Table, as kube-apiserver v1.37 sends it
+	// (bytes of its WatchList of secrets as Tables): a WatchList client
+	// reads the annotation from the row's object (Kubernetes' e2e test "API
+	// Streaming ... server supports sending resources in Table format").
+	secrets := testEncoder(t, &kube.Resource{Version: "v1", Kind: "Secret", Plural: "secrets", Namespaced: true})
+	table := format{mt: storage.MediaJSON, as: storage.KindTable, gv: metav1.SchemeGroupVersion}
+	if got := string(must(secrets.bookmark(table, 249, true))); got != `{"type":"BOOKMARK","object":{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"249"},"columnDefinitions":null,"rows":[{"cells":["","",0,"\u003cunknown\u003e"],"object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"249","annotations":{"k8s.io/initial-events-end":"true"}}}}]}}`+"\n" {
+		t.Fatalf("Table bookmark: %s", got)
+	}
+	// The first event of the stream carries the column definitions, a
+	// bookmark as any other.
+	if got := string(tableBookmarkLine(secrets.res, 249, false, true, time.Now())); !strings.Contains(got, `"columnDefinitions":[{"name":"Name"`) {
+		t.Fatalf("first Table bookmark: %s", got)
+	}
 	pom := format{mt: storage.MediaJSON, as: storage.KindPartialObjectMetadata, gv: metav1.SchemeGroupVersion}
 	if got := string(must(e.bookmark(pom, 40, false))); got != `{"type":"BOOKMARK","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"40"}}}`+"\n" {
 		t.Fatalf("metadata bookmark: %s", got)

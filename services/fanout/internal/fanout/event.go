@@ -148,6 +148,27 @@ func bookmarkLine(r *kube.Resource, rev int64, initialEnd bool) []byte {
 	return encodeLine("BOOKMARK", obj)
 }
 
+// tableBookmarkLine encodes a BOOKMARK of a Table watch as kube-apiserver
+// does: it turns a bookmark's object into a Table as any event's (one row,
+// its cells the printer's for an empty object, its PartialObjectMetadata
+// carrying resourceVersion and the initial-events-end annotation, which a
+// WatchList client looks for there), with the column definitions when it
+// is the stream's first event.
+func tableBookmarkLine(r *kube.Resource, rev int64, initialEnd, withColumns bool, now time.Time) []byte {
+	// The row's metadata in ObjectMeta's field order (resourceVersion,
+	// then annotations), as kube-apiserver's PartialObjectMetadata has it.
+	var meta struct {
+		ResourceVersion string            `json:"resourceVersion"`
+		Annotations     map[string]string `json:"annotations,omitempty"`
+	}
+	meta.ResourceVersion = formatRev(rev)
+	if initialEnd {
+		meta.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+	}
+	obj, _ := json.Marshal(map[string]any{"kind": r.Kind, "apiVersion": r.GroupVersion(), "metadata": meta})
+	return tableLine(r, "BOOKMARK", obj, withColumns, now)
+}
+
 // tableLine encodes an event for a watcher that asked for Tables (now: for
 // the age column).
 func tableLine(r *kube.Resource, typ string, obj []byte, withColumns bool, now time.Time) []byte {

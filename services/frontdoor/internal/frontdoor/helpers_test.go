@@ -108,6 +108,10 @@ func (fakeCache) List(_ context.Context, req *heraldv1.ListRequest, _ ...grpc.Ca
 		// Older than the cache's window.
 		return nil, status.Error(codes.OutOfRange, "too old resource version: 1 (5)")
 	}
+	if req.Name == "older" {
+		// Last written before the cache's revision.
+		return &heraldv1.ListResponse{Revision: 7, Items: [][]byte{[]byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"older","namespace":"ns1","resourceVersion":"5"}}`)}}, nil
+	}
 	return &heraldv1.ListResponse{Revision: 7, Items: [][]byte{[]byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns1","resourceVersion":"7"}}`)}}, nil
 }
 

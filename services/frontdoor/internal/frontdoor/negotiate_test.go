@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -39,6 +40,19 @@ func TestNegotiatedResponses(t *testing.T) {
 	obj, _, err = pb.Decode(body, nil, nil)
 	if p, ok := obj.(*corev1.Pod); code != 200 || ct != proto || err != nil || !ok || p.Name != "p" {
 		t.Fatalf("protobuf GET: %d %s %v %#v", code, ct, err, obj)
+	}
+	// A GET as a Table carries the object's resourceVersion (5), not the
+	// cache's revision (7), as kube-apiserver's (Kubernetes' e2e test "API
+	// Streaming ... server supports sending resources in Table format"
+	// compares it with the watch's Table of the same object).
+	code, _, body = get("/api/v1/namespaces/ns1/pods/older", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	var tbl metav1.Table
+	if err := json.Unmarshal(body, &tbl); code != 200 || err != nil || tbl.Kind != "Table" || len(tbl.Rows) != 1 || tbl.ResourceVersion != "5" {
+		t.Fatalf("Table GET: %d %v resourceVersion %q: %s", code, err, tbl.ResourceVersion, body)
+	}
+	code, _, body = get("/api/v1/namespaces/ns1/pods?limit=5", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	if err := json.Unmarshal(body, &tbl); code != 200 || err != nil || tbl.ResourceVersion != "7" {
+		t.Fatalf("Table LIST: %d %v resourceVersion %q, want the list's 7", code, err, tbl.ResourceVersion)
 	}
 	code, ct, body = get("/api/v1/namespaces/ns1/pods/missing", proto)
 	obj, _, err = pb.Decode(body, nil, nil)

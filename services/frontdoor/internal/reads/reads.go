@@ -13,6 +13,7 @@ package reads
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -105,7 +106,11 @@ func (s *Reads) body(info request.Info, resp *heraldv1.ListResponse, n negotiate
 	switch {
 	case n.As() == storage.KindTable:
 		if get {
-			lm = metav1.ListMeta{ResourceVersion: lm.ResourceVersion}
+			// kube-apiserver's table of one object carries that
+			// object's resourceVersion, not the list's (its table
+			// convertors read it from the object): a client compares
+			// it with the same object's in a watch's Table events.
+			lm = metav1.ListMeta{ResourceVersion: objectResourceVersion(resp.Items[0])}
 		}
 		body = printers.TableWith(res, resp.Items, lm, true, include, now)
 	case n.As() == storage.KindPartialObjectMetadata:
@@ -381,3 +386,14 @@ func (s *Reads) write(w http.ResponseWriter, r *http.Request, contentType string
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// objectResourceVersion is the metadata.resourceVersion of a JSON object.
+func objectResourceVersion(obj []byte) string {
+	var o struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(obj, &o)
+	return o.Metadata.ResourceVersion
+}
