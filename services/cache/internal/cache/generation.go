@@ -143,8 +143,13 @@ func (s *Shard) watchIdentity(ctx context.Context, st stream.Reader, created tim
 			return
 		case <-t.C:
 		}
+		// The sequence read so far, taken before the stream's info: the
+		// consumer goes on reading while the info is asked for, and a
+		// sequence read after it would look like a stream that went back
+		// (a rebuild for nothing, every few seconds under load).
+		next := reading.Load()
 		info, err := st.Info(ctx)
-		if errors.Is(err, jetstream.ErrStreamNotFound) || err == nil && recreated(info, created, reading.Load()) {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || err == nil && recreated(info, created, next) {
 			if ctx.Err() == nil {
 				s.log.Warn("the stream was deleted or created again; rebuilding from etcd once it is back", "stream", s.cfg.Stream)
 				lost()
