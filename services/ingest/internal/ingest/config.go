@@ -16,16 +16,19 @@ import (
 type Config struct {
 	service.SourceConfig
 	service.AdminConfig
-	StreamReplicas   int
-	StreamMaxAge     time.Duration
-	StreamMaxBytes   int64
-	StreamStorage    string
-	MaxMessageBytes  int
-	ElectionPrefix   string
-	LeaseTTL         time.Duration
-	ProgressInterval time.Duration
-	RetryBackoff     time.Duration
-	FaultInjection   bool
+	StreamReplicas  int
+	StreamMaxAge    time.Duration
+	StreamMaxBytes  int64
+	StreamStorage   string
+	MaxMessageBytes int
+	// PublishMaxInFlight: records sent to the stream before the oldest is
+	// acknowledged (publisher.go).
+	PublishMaxInFlight int
+	ElectionPrefix     string
+	LeaseTTL           time.Duration
+	ProgressInterval   time.Duration
+	RetryBackoff       time.Duration
+	FaultInjection     bool
 }
 
 // RegisterFlags registers every flag of c on fs with its default.
@@ -36,6 +39,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.StreamMaxBytes, "stream.max-bytes", 8<<30, "Maximum stream size in bytes; -1 for no limit.")
 	fs.StringVar(&c.StreamStorage, "stream.storage", "file", "Stream storage: file or memory.")
 	fs.IntVar(&c.MaxMessageBytes, "stream.max-message-bytes", 900<<10, "Largest stream message; bigger revisions are split into parts. Must not exceed the NATS server's max_payload.")
+	fs.IntVar(&c.PublishMaxInFlight, "publish.max-in-flight", 256, "Stream messages the leader sends before the oldest is acknowledged (at most 8 MiB of them): appends are pipelined, each still fenced on the message it must follow. 1: one append at a time, each waiting for its ack.")
 	fs.StringVar(&c.ElectionPrefix, "election.prefix", "/herald/ingest/leader", "etcd prefix of the ingest leader election (outside the object prefix).")
 	fs.DurationVar(&c.LeaseTTL, "election.lease-ttl", 5*time.Second, "Leader lease TTL; a dead leader is replaced after at most this long.")
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", time.Second, "How often an idle leader asks etcd for progress and publishes a progress marker if the revision moved.")
@@ -63,6 +67,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 64<<10 {
 		errs = append(errs, errors.New("stream.max-message-bytes must be at least 64KiB"))
+	}
+	if c.PublishMaxInFlight < 1 {
+		errs = append(errs, errors.New("publish.max-in-flight must be at least 1"))
 	}
 	if c.LeaseTTL < time.Second {
 		errs = append(errs, errors.New("election.lease-ttl must be at least 1s"))

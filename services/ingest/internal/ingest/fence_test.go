@@ -36,8 +36,7 @@ func connectIngest(t *testing.T, etcdURL, natsURL string, flags ...string) *Inge
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.etcd.Close() })
-	in.nc, in.js, err = stream.Connect(natsURL, "ingest-test", nil, nil)
-	if err != nil {
+	if err := in.connectNATS(nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(in.nc.Close)
@@ -58,7 +57,7 @@ func resumed(t *testing.T, in *Ingest) *publisher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &publisher{i: in, lastSeq: lastSeq, lastRev: startRev - 1}
+	return in.newPublisher(lastSeq, startRev-1)
 }
 
 // appendRev appends revision rev (one small change) through p.

@@ -29,7 +29,7 @@ import (
 // on an etcd that holds another history, and the stream must end up with
 // that etcd's history only, opened by a resync marker.
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -115,7 +115,7 @@ type testNATS struct {
 	js  jetstream.JetStream
 }
 
-func startNATS(t *testing.T) *testNATS {
+func startNATS(t testing.TB) *testNATS {
 	t.Helper()
 	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(t.TempDir(), "nats"), NoSigs: true, NoLog: true})
 	if err != nil {

@@ -15,8 +15,9 @@
 //     changes nobody appended.
 //   - No change is dropped or truncated for its size: one larger than a
 //     stream message is framed in fragments (libs/stream).
-//   - Nothing is buffered beyond the revision being published: when NATS is
-//     slow or down, ingest stops reading the etcd watch.
+//   - Nothing is buffered beyond the records in flight to JetStream (at most
+//     publish.max-in-flight, publisher.go): when NATS is slow or down, ingest
+//     stops reading the etcd watch.
 //
 // The stream's rules (subjects, framing into parts, message ids, markers,
 // where to resume) are libs/stream's; ingest decides when to append.
@@ -24,6 +25,7 @@ package ingest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,6 +64,7 @@ type metrics struct {
 	leaderChanges prometheus.Counter
 	lag           prometheus.Gauge
 	resyncs       prometheus.Counter
+	inFlight      prometheus.Gauge
 	generation    prometheus.Gauge // herald_stream_generation (generation.go)
 }
 
@@ -70,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return &metrics{
 		published:     f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_events_published_total", Help: "Key changes appended to the stream."}),
 		records:       f.NewCounterVec(prometheus.CounterOpts{Name: "herald_ingest_records_published_total", Help: "Stream messages appended, by kind (revision, progress)."}, []string{"kind"}),
-		publishTime:   f.NewHistogram(prometheus.HistogramOpts{Name: "herald_ingest_publish_duration_seconds", Help: "Time to append one stream message, until JetStream acknowledged it.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		publishTime:   f.NewHistogram(prometheus.HistogramOpts{Name: "herald_ingest_publish_duration_seconds", Help: "Time to append one stream message, from sending it until JetStream's ack is consumed (in order, behind the messages sent before it).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		lastRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_last_published_revision", Help: "The last etcd revision appended to the stream (events or progress)."}),
 		etcdRev:       f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_etcd_revision", Help: "The latest etcd revision seen in a watch response header."}),
 		leader:        f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_leader", Help: "1 while this process is the publishing leader."}),
@@ -79,6 +82,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leaderChanges: f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_leader_terms_total", Help: "Leadership terms this process has won."}),
 		lag:           f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_revision_lag", Help: "etcd's latest revision minus the last revision appended (leader only)."}),
 		resyncs:       f.NewCounter(prometheus.CounterOpts{Name: "herald_ingest_resyncs_total", Help: "Resync markers appended because the resume point was lost (compacted in etcd, the stream emptied, or the stream ends inside a revision framed otherwise)."}),
+		inFlight:      f.NewGauge(prometheus.GaugeOpts{Name: "herald_ingest_records_in_flight", Help: "Stream messages sent and not yet acknowledged by JetStream (at most publish.max-in-flight)."}),
 		generation:    generationGauge(reg),
 	}
 }
@@ -120,6 +124,9 @@ type Ingest struct {
 	// appends counts the records this replica appended (Run's goroutine
 	// only): a term that moved it succeeded, whatever ended it.
 	appends uint64
+	// sent, if not nil, is called on Run's goroutine after each record is
+	// sent, with the number in flight (tests).
+	sent func(inFlight int)
 }
 
 // New validates cfg and creates a replica; Run connects and runs it.
@@ -179,8 +186,7 @@ func (i *Ingest) Run(ctx context.Context) error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer i.etcd.Close()
-	i.nc, i.js, err = stream.Connect(i.cfg.NATSURL, "herald-ingest "+i.id, natsTLS, natsUser)
-	if err != nil {
+	if err := i.connectNATS(natsTLS, natsUser); err != nil {
 		return err
 	}
 	defer i.nc.Close()
@@ -214,6 +220,23 @@ func (i *Ingest) Run(ctx context.Context) error {
 		i.log.Warn("leadership term ended; campaigning again", "err", err, "backoff", backoff)
 		backoff = i.sleep(ctx, backoff)
 	}
+	return nil
+}
+
+// connectNATS connects to NATS. Its JetStream client fails an append not
+// acknowledged within publishTimeout (the publisher relies on it to bound
+// its waits) and keeps as many in flight as the publisher may.
+func (i *Ingest) connectNATS(tlsConfig *tls.Config, user func() (string, string)) error {
+	nc, _, err := stream.Connect(i.cfg.NATSURL, "herald-ingest "+i.id, tlsConfig, user)
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishTimeout), jetstream.WithPublishAsyncMaxPending(max(i.cfg.PublishMaxInFlight, 1)))
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	i.nc, i.js = nc, js
 	return nil
 }
 
@@ -280,75 +303,6 @@ func (i *Ingest) resumePoint(ctx context.Context) (lastSeq uint64, startRev int6
 	return lastSeq, startRev, skipParts, nil
 }
 
-// publisher appends records, fencing each on the sequence it expects.
-type publisher struct {
-	i       *Ingest
-	lastSeq uint64
-	lastRev int64
-}
-
-var errFenced = errors.New("stream was appended to by another writer")
-
-// publishMarker appends a progress or resync marker.
-func (p *publisher) publishMarker(ctx context.Context, rec *heraldv1.Record) error {
-	return p.publish(ctx, stream.SubjectProgress, rec, nil)
-}
-
-// publish appends rec on subject with the message headers hdr (trace
-// context).
-func (p *publisher) publish(ctx context.Context, subject string, rec *heraldv1.Record, hdr nats.Header) error {
-	if ch := p.i.pause.Load(); ch != nil {
-		// Frozen in the middle of an append (fault injection): like a
-		// process stopped by a long GC pause, it carries on with the append
-		// when it wakes, whatever happened to its leadership meanwhile. Only
-		// the fence can stop it.
-		<-*ch
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-	}
-	data, err := stream.Encode(rec)
-	if err != nil {
-		return err
-	}
-	msgID := p.i.msgID(rec)
-	start := p.i.clock.Now()
-	ack, err := p.i.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr},
-		jetstream.WithMsgID(msgID),
-		jetstream.WithExpectStream(p.i.cfg.Stream),
-		jetstream.WithExpectLastSequence(p.lastSeq),
-	)
-	if err != nil {
-		if lost := p.i.streamLost(ctx, err); lost != nil {
-			return lost
-		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-			p.i.m.failures.WithLabelValues("fenced").Inc()
-			return fmt.Errorf("%w: expected last sequence %d: %v", errFenced, p.lastSeq, err)
-		}
-		p.i.m.failures.WithLabelValues("nats").Inc()
-		return fmt.Errorf("publishing %s: %w", msgID, err)
-	}
-	if ack.Duplicate {
-		p.i.m.failures.WithLabelValues("fenced").Inc()
-		return fmt.Errorf("%w: message %s already in the stream", errFenced, msgID)
-	}
-	p.i.m.publishTime.Observe(p.i.clock.Since(start).Seconds())
-	p.lastSeq = ack.Sequence
-	p.lastRev = rec.Revision
-	p.i.knownLast = rec.Revision
-	p.i.appends++
-	p.i.m.lastRev.Set(float64(rec.Revision))
-	if stream.IsMarker(rec) {
-		p.i.m.records.WithLabelValues("progress").Inc()
-	} else {
-		p.i.m.records.WithLabelValues("revision").Inc()
-		p.i.m.published.Add(float64(len(rec.Changes)))
-	}
-	return nil
-}
-
 // lead runs one leadership term: resume from the stream, then watch etcd and
 // append until ctx ends or something fails.
 func (i *Ingest) lead(ctx context.Context) error {
@@ -364,7 +318,9 @@ func (i *Ingest) lead(ctx context.Context) error {
 		i.m.failures.WithLabelValues("nats").Inc()
 		return err
 	}
-	p := &publisher{i: i, lastSeq: lastSeq, lastRev: startRev - 1}
+	p := i.newPublisher(lastSeq, startRev-1)
+	// However the term ends, none of its records is left in flight.
+	defer p.drain()
 	if startRev == 0 {
 		// An empty stream: history starts now. Mark the start so that
 		// caches know from which revision the stream is complete.
@@ -400,7 +356,12 @@ func (i *Ingest) lead(ctx context.Context) error {
 		startRev = rev + 1
 	}
 	i.log.Info("resuming from the stream", "revision", startRev, "skipParts", skipParts, "lastSequence", p.lastSeq)
+	return i.follow(ctx, p, startRev, skipParts)
+}
 
+// follow watches etcd from startRev (its first skipParts parts are in the
+// stream) and appends through p until ctx ends or something fails.
+func (i *Ingest) follow(ctx context.Context, p *publisher, startRev int64, skipParts uint32) error {
 	progressReq := make(chan struct{}, 1)
 	sub, err := i.nc.Subscribe(stream.SubjectProgressRequest, func(*nats.Msg) {
 		select {
@@ -419,7 +380,7 @@ func (i *Ingest) lead(ctx context.Context) error {
 		clientv3.WithPrefix(), clientv3.WithRev(startRev), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
 	ticker := i.clock.NewTicker(i.cfg.ProgressInterval)
 	defer ticker.Stop()
-	lastProgress := p.lastRev
+	lastProgress := p.sentRev
 	var lastRequest time.Time
 	requestProgress := func() {
 		// Coalesce: etcd answers every request with a notification.
@@ -432,9 +393,24 @@ func (i *Ingest) lead(ctx context.Context) error {
 		}
 	}
 	for {
+		// Acks are consumed here as they come, and by the publisher when
+		// its pipeline is full.
+		acked, refused := p.oldest()
 		select {
 		case <-ctx.Done():
+			// Lease lost, or stopping: what is in flight still counts.
+			if err := p.flush(ctx); err != nil {
+				return err
+			}
 			return ctx.Err()
+		case ack := <-acked:
+			if err := p.settle(ctx, ack, nil); err != nil {
+				return err
+			}
+		case err := <-refused:
+			if err := p.settle(ctx, nil, err); err != nil {
+				return err
+			}
 		case <-ticker.C():
 			requestProgress()
 		case <-progressReq:
@@ -460,8 +436,11 @@ func (i *Ingest) lead(ctx context.Context) error {
 			i.m.lag.Set(float64(resp.Header.Revision - p.lastRev))
 			if resp.IsProgressNotify() {
 				rev := resp.Header.Revision
-				if rev > lastProgress && rev >= p.lastRev {
-					if err := p.publishMarker(ctx, stream.Progress(rev)); err != nil {
+				// Behind the records in flight, in the same pipeline: a
+				// marker is fenced like them, and waiting for their acks
+				// first would only delay it.
+				if rev > lastProgress && rev >= p.sentRev {
+					if err := p.send(ctx, stream.SubjectProgress, stream.Progress(rev), nil, nil); err != nil {
 						return err
 					}
 					lastProgress = rev
@@ -486,6 +465,8 @@ func (i *Ingest) resync(ctx context.Context, p *publisher, cause, why string, ar
 		return fmt.Errorf("resync: %w", err)
 	}
 	i.log.Warn(why+"; appending a resync marker", append(args, "resyncRevision", rev)...)
+	// Behind the records in flight, and waited for: the term ends with
+	// it, and counts it once it is in the stream.
 	if err := p.publishMarker(ctx, stream.Resync(rev)); err != nil {
 		return err
 	}
@@ -550,6 +531,10 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 		subject := stream.SubjectOf(i.reg, changes)
 		recs := stream.Frame(rev, changes, i.cfg.MaxMessageBytes, now)
 		if rev == resumeRev && skipParts > 0 {
+			// Compared with the stream's end as acknowledged.
+			if err := p.flush(ctx); err != nil {
+				return err
+			}
 			ok, err := i.continuesStream(ctx, p, subject, recs, skipParts)
 			if err != nil {
 				return err
@@ -561,18 +546,35 @@ func (i *Ingest) publishEvents(ctx context.Context, p *publisher, events []*clie
 					"revision", rev, "partsWritten", skipParts, "parts", len(recs))
 			}
 		}
-		sctx, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, len(changes))
-		for _, rec := range recs {
-			if rev == resumeRev && rec.Part < skipParts {
-				continue
-			}
-			if err := p.publish(sctx, subject, rec, hdr); err != nil {
-				spanDone(err)
-				return err
-			}
+		if err := i.sendRevision(ctx, p, subject, recs, len(changes), resumeRev, skipParts); err != nil {
+			return err
 		}
-		spanDone(nil)
 		start = end
+	}
+	return nil
+}
+
+// sendRevision sends the parts recs of one revision (changes: how many)
+// on subject, but for the first skipParts of resumeRev. Its span ends when
+// the last part's ack is consumed.
+func (i *Ingest) sendRevision(ctx context.Context, p *publisher, subject string, recs []*heraldv1.Record, changes int, resumeRev int64, skipParts uint32) error {
+	rev := recs[0].Revision
+	_, hdr, spanDone := i.startPublishSpan(ctx, subject, rev, changes)
+	for n, rec := range recs {
+		if rev == resumeRev && rec.Part < skipParts {
+			continue
+		}
+		var done func(error)
+		if n == len(recs)-1 {
+			done = spanDone
+		}
+		if err := p.send(ctx, subject, rec, hdr, done); err != nil {
+			spanDone(err)
+			return err
+		}
+	}
+	if rev == resumeRev && uint32(len(recs)) <= skipParts {
+		spanDone(nil) // every part was in the stream already
 	}
 	return nil
 }

@@ -190,7 +190,7 @@ func containsAll(s string, parts []string) bool {
 
 // testConfig is a replica's configuration on etcdURL and natsURL: the
 // defaults, a short lease and backoff, then flags.
-func testConfig(t *testing.T, etcdURL, natsURL string, flags ...string) Config {
+func testConfig(t testing.TB, etcdURL, natsURL string, flags ...string) Config {
 	t.Helper()
 	var cfg Config
 	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
@@ -214,8 +214,15 @@ type replica struct {
 // startReplica runs a replica named name (its election value) until stop.
 func startReplica(t *testing.T, etcdURL, natsURL, name string, flags ...string) *replica {
 	t.Helper()
+	return startReplicaWith(t, etcdURL, natsURL, name, nil, flags...)
+}
+
+// startReplicaWith is startReplica with options opts.
+func startReplicaWith(t *testing.T, etcdURL, natsURL, name string, opts []Option, flags ...string) *replica {
+	t.Helper()
 	r := &replica{clock: newTestClock(), log: newLogRecorder()}
-	in, err := New(testConfig(t, etcdURL, natsURL, flags...), slog.New(r.log), prometheus.NewRegistry(), WithClock(r.clock))
+	opts = append([]Option{WithClock(r.clock)}, opts...)
+	in, err := New(testConfig(t, etcdURL, natsURL, flags...), slog.New(r.log), prometheus.NewRegistry(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,9 @@ type Option func(*Ingest)
 // carried downstream in the message header "traceparent". nil: no tracing.
 func WithTracer(t trace.Tracer) Option { return func(i *Ingest) { i.tracer = t } }
 
-// startPublishSpan starts the span of one revision's append; end is a no-op
-// and hdr nil when tracing is off or the revision is not sampled.
+// startPublishSpan starts the span of one revision's append; end ends it
+// (the first call only), and is a no-op and hdr nil when tracing is off or
+// the revision is not sampled.
 func (i *Ingest) startPublishSpan(ctx context.Context, subject string, rev int64, changes int) (context.Context, nats.Header, func(error)) {
 	if i.tracer == nil {
 		return ctx, nil, func(error) {}
@@ -35,7 +36,12 @@ func (i *Ingest) startPublishSpan(ctx context.Context, subject string, rev int64
 	if tp := service.Traceparent(ctx); tp != "" {
 		hdr = nats.Header{service.TraceparentKey: []string{tp}}
 	}
+	ended := false
 	return ctx, hdr, func(err error) {
+		if ended {
+			return
+		}
+		ended = true
 		if err != nil {
 			span.RecordError(err)
 		}
