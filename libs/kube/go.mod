@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
+	herald.dev/libs/proto v0.0.0
 	herald.dev/libs/rv v0.0.0
 	herald.dev/libs/storage v0.0.0
 	k8s.io/api v0.37.2
@@ -92,6 +93,7 @@ require (
 )
 
 replace (
+	herald.dev/libs/proto => ../proto
 	herald.dev/libs/rv => ../rv
 	herald.dev/libs/storage => ../storage
 )

@@ -8,13 +8,14 @@ require (
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 	herald.dev/libs/cacheclient v0.0.0
 	herald.dev/libs/kube v0.0.0
 	herald.dev/libs/proto v0.0.0
 	herald.dev/libs/rv v0.0.0
 	herald.dev/libs/service v0.0.0
-	herald.dev/libs/watchsession v0.0.0
 	herald.dev/libs/storage v0.0.0
+	herald.dev/libs/watchsession v0.0.0
 	k8s.io/apimachinery v0.37.2
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd
 )
@@ -53,7 +54,6 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/api v0.37.2 // indirect
 	k8s.io/apiextensions-apiserver v0.37.2 // indirect

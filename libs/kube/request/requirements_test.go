@@ -3,6 +3,9 @@ package request
 import (
 	"testing"
 
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+
 	"herald.dev/libs/kube"
 )
 
@@ -12,7 +15,8 @@ func TestSelectorRequirements(t *testing.T) {
 	g := defaultRegistry(t)
 	pods, _ := g.ByID("pods")
 	objects := []struct {
-		labels, fields map[string]string
+		labels labels.Set
+		fields fields.Set
 	}{
 		{map[string]string{"app": "web", "tier": "1"}, map[string]string{"spec.nodeName": "n1", "status.phase": "Running"}},
 		{map[string]string{"app": "db", "tier": "3"}, map[string]string{"spec.nodeName": "n2", "status.phase": "Pending"}},

@@ -114,15 +114,18 @@ func Everything(namespace string) *Selector {
 }
 
 // Matches reports whether an object with these namespace, labels and fields
-// passes. It does not allocate.
-func (s *Selector) Matches(namespace string, lbls, flds map[string]string) bool {
+// passes: labels.Set and fields.Set for an object's maps, or any other
+// lookup (an event's pairs as decoded), so that no set is built per object
+// per watcher. It does not allocate (pass pointer-shaped lbls and flds:
+// maps, pointers).
+func (s *Selector) Matches(namespace string, lbls labels.Labels, flds fields.Fields) bool {
 	if s.Namespace != "" && namespace != s.Namespace {
 		return false
 	}
 	if s.Empty {
 		return true
 	}
-	return s.Labels.Matches(labels.Set(lbls)) && s.Fields.Matches(fields.Set(flds))
+	return s.Labels.Matches(lbls) && s.Fields.Matches(flds)
 }
 
 // HasSelectors reports whether label or field selectors were given.

@@ -6,6 +6,7 @@
 //   - Cache: the gRPC service a cache shard offers to fanout and frontdoor
 //     (LIST and watch-from-revision; libs/cacheclient merges shards).
 //
-// It imports nothing from the services and holds no logic: every rule about
-// these messages lives in the package that owns the concept.
+// It imports nothing from the services and holds no logic beyond reading
+// an Event's labels and fields (Pairs): every rule about these messages
+// lives in the package that owns the concept.
 package heraldv1

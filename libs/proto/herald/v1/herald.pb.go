@@ -356,16 +356,22 @@ type Event struct {
 	// revision. For DELETED: the last state of the object, with
 	// resourceVersion set to the deletion revision.
 	Object []byte `protobuf:"bytes,5,opt,name=object,proto3" json:"object,omitempty"`
-	// Labels and selectable fields (field path -> value) of object.
-	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Fields map[string]string `protobuf:"bytes,7,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Labels and selectable fields (field path -> value) of object, each
+	// key once; the cache writes them sorted by key, but a reader must not
+	// count on an order (a cache older than Pair wrote them in any order).
+	// These four were map<string, string>: a map is on the wire a repeated
+	// entry message with key = 1 and value = 2, which is what Pair is, so
+	// either version reads the other's bytes. As pairs they decode without
+	// building a map for every event a fanout receives.
+	Labels []*Pair `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty"`
+	Fields []*Pair `protobuf:"bytes,7,rep,name=fields,proto3" json:"fields,omitempty"`
 	// MODIFIED only: the previous state of the object, its resourceVersion
 	// already set to revision, with its labels and fields. A watcher whose
 	// selector matched the previous state but not the new one receives
 	// prev_object as DELETED.
-	PrevObject []byte            `protobuf:"bytes,8,opt,name=prev_object,json=prevObject,proto3" json:"prev_object,omitempty"`
-	PrevLabels map[string]string `protobuf:"bytes,9,rep,name=prev_labels,json=prevLabels,proto3" json:"prev_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	PrevFields map[string]string `protobuf:"bytes,10,rep,name=prev_fields,json=prevFields,proto3" json:"prev_fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	PrevObject []byte  `protobuf:"bytes,8,opt,name=prev_object,json=prevObject,proto3" json:"prev_object,omitempty"`
+	PrevLabels []*Pair `protobuf:"bytes,9,rep,name=prev_labels,json=prevLabels,proto3" json:"prev_labels,omitempty"`
+	PrevFields []*Pair `protobuf:"bytes,10,rep,name=prev_fields,json=prevFields,proto3" json:"prev_fields,omitempty"`
 	// Wall-clock time (Unix nanoseconds) ingest observed the change; 0 if
 	// unknown (synthetic events).
 	ObservedUnixNano int64 `protobuf:"varint,11,opt,name=observed_unix_nano,json=observedUnixNano,proto3" json:"observed_unix_nano,omitempty"`
@@ -463,14 +469,14 @@ func (x *Event) GetObject() []byte {
 	return nil
 }
 
-func (x *Event) GetLabels() map[string]string {
+func (x *Event) GetLabels() []*Pair {
 	if x != nil {
 		return x.Labels
 	}
 	return nil
 }
 
-func (x *Event) GetFields() map[string]string {
+func (x *Event) GetFields() []*Pair {
 	if x != nil {
 		return x.Fields
 	}
@@ -484,14 +490,14 @@ func (x *Event) GetPrevObject() []byte {
 	return nil
 }
 
-func (x *Event) GetPrevLabels() map[string]string {
+func (x *Event) GetPrevLabels() []*Pair {
 	if x != nil {
 		return x.PrevLabels
 	}
 	return nil
 }
 
-func (x *Event) GetPrevFields() map[string]string {
+func (x *Event) GetPrevFields() []*Pair {
 	if x != nil {
 		return x.PrevFields
 	}
@@ -526,6 +532,60 @@ func (x *Event) GetPrevUnchanged() bool {
 	return false
 }
 
+// Pair is one label or selectable field of an Event: the entry message a
+// map<string, string> is encoded as, field for field.
+type Pair struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pair) Reset() {
+	*x = Pair{}
+	mi := &file_herald_v1_herald_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pair) ProtoMessage() {}
+
+func (x *Pair) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_v1_herald_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pair.ProtoReflect.Descriptor instead.
+func (*Pair) Descriptor() ([]byte, []int) {
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Pair) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Pair) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Resource id from the registry, e.g. "pods" or "deployments.apps".
@@ -558,7 +618,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_herald_v1_herald_proto_msgTypes[3]
+	mi := &file_herald_v1_herald_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +630,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[3]
+	mi := &file_herald_v1_herald_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +643,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{3}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRequest) GetResource() string {
@@ -669,7 +729,7 @@ type Selector struct {
 
 func (x *Selector) Reset() {
 	*x = Selector{}
-	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	mi := &file_herald_v1_herald_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +741,7 @@ func (x *Selector) String() string {
 func (*Selector) ProtoMessage() {}
 
 func (x *Selector) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[4]
+	mi := &file_herald_v1_herald_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +754,7 @@ func (x *Selector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Selector.ProtoReflect.Descriptor instead.
 func (*Selector) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Selector) GetLabels() []*Requirement {
@@ -726,7 +786,7 @@ type Requirement struct {
 
 func (x *Requirement) Reset() {
 	*x = Requirement{}
-	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	mi := &file_herald_v1_herald_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +798,7 @@ func (x *Requirement) String() string {
 func (*Requirement) ProtoMessage() {}
 
 func (x *Requirement) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[5]
+	mi := &file_herald_v1_herald_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +811,7 @@ func (x *Requirement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Requirement.ProtoReflect.Descriptor instead.
 func (*Requirement) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Requirement) GetKey() string {
@@ -795,7 +855,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_herald_v1_herald_proto_msgTypes[6]
+	mi := &file_herald_v1_herald_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +867,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[6]
+	mi := &file_herald_v1_herald_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +880,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListResponse) GetRevision() int64 {
@@ -913,7 +973,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_herald_v1_herald_proto_msgTypes[7]
+	mi := &file_herald_v1_herald_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +985,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[7]
+	mi := &file_herald_v1_herald_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +998,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{7}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchRequest) GetResource() string {
@@ -1052,7 +1112,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_herald_v1_herald_proto_msgTypes[8]
+	mi := &file_herald_v1_herald_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1124,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_v1_herald_proto_msgTypes[8]
+	mi := &file_herald_v1_herald_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1137,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_v1_herald_proto_rawDescGZIP(), []int{8}
+	return file_herald_v1_herald_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -1111,38 +1171,29 @@ const file_herald_v1_herald_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03PUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x02\"\xbe\x06\n" +
+	"\x06DELETE\x10\x02\"\x8e\x04\n" +
 	"\x05Event\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.herald.v1.EventTypeR\x04type\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12\x16\n" +
-	"\x06object\x18\x05 \x01(\fR\x06object\x124\n" +
-	"\x06labels\x18\x06 \x03(\v2\x1c.herald.v1.Event.LabelsEntryR\x06labels\x124\n" +
-	"\x06fields\x18\a \x03(\v2\x1c.herald.v1.Event.FieldsEntryR\x06fields\x12\x1f\n" +
+	"\x06object\x18\x05 \x01(\fR\x06object\x12'\n" +
+	"\x06labels\x18\x06 \x03(\v2\x0f.herald.v1.PairR\x06labels\x12'\n" +
+	"\x06fields\x18\a \x03(\v2\x0f.herald.v1.PairR\x06fields\x12\x1f\n" +
 	"\vprev_object\x18\b \x01(\fR\n" +
-	"prevObject\x12A\n" +
-	"\vprev_labels\x18\t \x03(\v2 .herald.v1.Event.PrevLabelsEntryR\n" +
-	"prevLabels\x12A\n" +
+	"prevObject\x120\n" +
+	"\vprev_labels\x18\t \x03(\v2\x0f.herald.v1.PairR\n" +
+	"prevLabels\x120\n" +
 	"\vprev_fields\x18\n" +
-	" \x03(\v2 .herald.v1.Event.PrevFieldsEntryR\n" +
+	" \x03(\v2\x0f.herald.v1.PairR\n" +
 	"prevFields\x12,\n" +
 	"\x12observed_unix_nano\x18\v \x01(\x03R\x10observedUnixNano\x12 \n" +
 	"\vtraceparent\x18\f \x01(\tR\vtraceparent\x12'\n" +
 	"\x0fobject_protobuf\x18\r \x01(\fR\x0eobjectProtobuf\x12%\n" +
-	"\x0eprev_unchanged\x18\x0e \x01(\bR\rprevUnchanged\x1a9\n" +
-	"\vLabelsEntry\x12\x10\n" +
+	"\x0eprev_unchanged\x18\x0e \x01(\bR\rprevUnchanged\".\n" +
+	"\x04Pair\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
-	"\vFieldsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
-	"\x0fPrevLabelsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
-	"\x0fPrevFieldsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xed\x02\n" +
 	"\vListRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -1211,41 +1262,38 @@ func file_herald_v1_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_v1_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_herald_v1_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_herald_v1_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_herald_v1_herald_proto_goTypes = []any{
 	(EventType)(0),        // 0: herald.v1.EventType
 	(Change_Kind)(0),      // 1: herald.v1.Change.Kind
 	(*Record)(nil),        // 2: herald.v1.Record
 	(*Change)(nil),        // 3: herald.v1.Change
 	(*Event)(nil),         // 4: herald.v1.Event
-	(*ListRequest)(nil),   // 5: herald.v1.ListRequest
-	(*Selector)(nil),      // 6: herald.v1.Selector
-	(*Requirement)(nil),   // 7: herald.v1.Requirement
-	(*ListResponse)(nil),  // 8: herald.v1.ListResponse
-	(*WatchRequest)(nil),  // 9: herald.v1.WatchRequest
-	(*WatchResponse)(nil), // 10: herald.v1.WatchResponse
-	nil,                   // 11: herald.v1.Event.LabelsEntry
-	nil,                   // 12: herald.v1.Event.FieldsEntry
-	nil,                   // 13: herald.v1.Event.PrevLabelsEntry
-	nil,                   // 14: herald.v1.Event.PrevFieldsEntry
+	(*Pair)(nil),          // 5: herald.v1.Pair
+	(*ListRequest)(nil),   // 6: herald.v1.ListRequest
+	(*Selector)(nil),      // 7: herald.v1.Selector
+	(*Requirement)(nil),   // 8: herald.v1.Requirement
+	(*ListResponse)(nil),  // 9: herald.v1.ListResponse
+	(*WatchRequest)(nil),  // 10: herald.v1.WatchRequest
+	(*WatchResponse)(nil), // 11: herald.v1.WatchResponse
 }
 var file_herald_v1_herald_proto_depIdxs = []int32{
 	3,  // 0: herald.v1.Record.changes:type_name -> herald.v1.Change
 	1,  // 1: herald.v1.Change.kind:type_name -> herald.v1.Change.Kind
 	0,  // 2: herald.v1.Event.type:type_name -> herald.v1.EventType
-	11, // 3: herald.v1.Event.labels:type_name -> herald.v1.Event.LabelsEntry
-	12, // 4: herald.v1.Event.fields:type_name -> herald.v1.Event.FieldsEntry
-	13, // 5: herald.v1.Event.prev_labels:type_name -> herald.v1.Event.PrevLabelsEntry
-	14, // 6: herald.v1.Event.prev_fields:type_name -> herald.v1.Event.PrevFieldsEntry
-	6,  // 7: herald.v1.ListRequest.selector:type_name -> herald.v1.Selector
-	7,  // 8: herald.v1.Selector.labels:type_name -> herald.v1.Requirement
-	7,  // 9: herald.v1.Selector.fields:type_name -> herald.v1.Requirement
-	6,  // 10: herald.v1.WatchRequest.selector:type_name -> herald.v1.Selector
+	5,  // 3: herald.v1.Event.labels:type_name -> herald.v1.Pair
+	5,  // 4: herald.v1.Event.fields:type_name -> herald.v1.Pair
+	5,  // 5: herald.v1.Event.prev_labels:type_name -> herald.v1.Pair
+	5,  // 6: herald.v1.Event.prev_fields:type_name -> herald.v1.Pair
+	7,  // 7: herald.v1.ListRequest.selector:type_name -> herald.v1.Selector
+	8,  // 8: herald.v1.Selector.labels:type_name -> herald.v1.Requirement
+	8,  // 9: herald.v1.Selector.fields:type_name -> herald.v1.Requirement
+	7,  // 10: herald.v1.WatchRequest.selector:type_name -> herald.v1.Selector
 	4,  // 11: herald.v1.WatchResponse.events:type_name -> herald.v1.Event
-	5,  // 12: herald.v1.Cache.List:input_type -> herald.v1.ListRequest
-	9,  // 13: herald.v1.Cache.Watch:input_type -> herald.v1.WatchRequest
-	8,  // 14: herald.v1.Cache.List:output_type -> herald.v1.ListResponse
-	10, // 15: herald.v1.Cache.Watch:output_type -> herald.v1.WatchResponse
+	6,  // 12: herald.v1.Cache.List:input_type -> herald.v1.ListRequest
+	10, // 13: herald.v1.Cache.Watch:input_type -> herald.v1.WatchRequest
+	9,  // 14: herald.v1.Cache.List:output_type -> herald.v1.ListResponse
+	11, // 15: herald.v1.Cache.Watch:output_type -> herald.v1.WatchResponse
 	14, // [14:16] is the sub-list for method output_type
 	12, // [12:14] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
@@ -1258,14 +1306,14 @@ func file_herald_v1_herald_proto_init() {
 	if File_herald_v1_herald_proto != nil {
 		return
 	}
-	file_herald_v1_herald_proto_msgTypes[6].OneofWrappers = []any{}
+	file_herald_v1_herald_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_v1_herald_proto_rawDesc), len(file_herald_v1_herald_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -62,14 +62,14 @@ func TestShardPreparesWhatIsAsked(t *testing.T) {
 		t.Errorf("image changed: prev_unchanged %v, previous object %q labels %v, kept %v; want only the previous object kept",
 			ev.PrevUnchanged, ev.PrevObject, ev.PrevLabels, ev.prev)
 	}
-	if full := wire(ev, false, true); !bytes.Equal(full.PrevObject, ev.prev.WithRev(rev)) || full.PrevLabels["app"] != "web" {
+	if full := wire(ev, false, true); !bytes.Equal(full.PrevObject, ev.prev.WithRev(rev)) || full.PrevLabelPairs().Get("app") != "web" {
 		t.Errorf("to a stream that did not ask to omit it: previous object %s labels %v", full.PrevObject, full.PrevLabels)
 	}
 	if got := wire(ev, true, true); got != ev.Event {
 		t.Error("a fanout hub's stream (omit_unchanged_prev, with_protobuf) got a copy, want the prepared event")
 	}
 	ev = write(pod("db", "i2"))
-	if ev.PrevUnchanged || ev.prev != nil || ev.PrevLabels["app"] != "web" || len(ev.PrevObject) == 0 {
+	if ev.PrevUnchanged || ev.prev != nil || ev.PrevLabelPairs().Get("app") != "web" || len(ev.PrevObject) == 0 {
 		t.Errorf("label changed: prev_unchanged %v, previous labels %v object %q", ev.PrevUnchanged, ev.PrevLabels, ev.PrevObject)
 	}
 

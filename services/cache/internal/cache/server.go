@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"herald.dev/libs/kube"
 	"herald.dev/libs/kube/request"
@@ -158,7 +160,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 	if req.Name != "" {
 		key := rs.res.ObjectKey(req.Namespace, req.Name)
 		obj := snap.get(key)
-		if obj == nil || !sel.Matches(obj.Namespace, obj.Labels, obj.Fields) {
+		if obj == nil || !sel.Matches(obj.Namespace, labels.Set(obj.Labels), fields.Set(obj.Fields)) {
 			return nil, status.Errorf(codes.NotFound, "%s %q not found", rs.res.ID(), req.Name)
 		}
 		resp.Items = [][]byte{obj.JSON}
@@ -186,7 +188,7 @@ func (v *Server) List(ctx context.Context, req *heraldv1.ListRequest) (*heraldv1
 			remaining++
 			return true
 		}
-		if !sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
+		if !sel.Matches(e.obj.Namespace, labels.Set(e.obj.Labels), fields.Set(e.obj.Fields)) {
 			return true
 		}
 		resp.Items = append(resp.Items, e.obj.JSON)
@@ -455,10 +457,10 @@ func (w *watchSender) concerns(ev *event) bool {
 	switch {
 	case ev.Type == heraldv1.EventType_BOOKMARK:
 		return true
-	case w.sel.Matches(ev.Namespace, ev.Labels, ev.Fields):
+	case w.sel.Matches(ev.Namespace, ev.LabelPairs(), ev.FieldPairs()):
 		return true
 	}
-	return ev.Type == heraldv1.EventType_MODIFIED && !ev.PrevUnchanged && w.sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
+	return ev.Type == heraldv1.EventType_MODIFIED && !ev.PrevUnchanged && w.sel.Matches(ev.Namespace, ev.PrevLabelPairs(), ev.PrevFieldPairs())
 }
 
 // flush sends the response being built, if it holds anything.
@@ -481,11 +483,11 @@ func (w *watchSender) sendStart(start watchStart, prefix string, bookmarked bool
 		w.inState = true
 		var err error
 		start.state.scan(prefix, "", func(e *entry) bool {
-			if !w.sel.Matches(e.obj.Namespace, e.obj.Labels, e.obj.Fields) {
+			if !w.sel.Matches(e.obj.Namespace, labels.Set(e.obj.Labels), fields.Set(e.obj.Fields)) {
 				return true
 			}
 			err = w.add(wireEvent(&heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: e.obj.Rev, Namespace: e.obj.Namespace,
-				Name: e.obj.Name, Object: e.obj.JSON, Labels: e.obj.Labels, Fields: e.obj.Fields}))
+				Name: e.obj.Name, Object: e.obj.JSON, Labels: heraldv1.SortedPairs(e.obj.Labels), Fields: heraldv1.SortedPairs(e.obj.Fields)}))
 			return err == nil
 		})
 		if err != nil {

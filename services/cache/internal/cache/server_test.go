@@ -273,9 +273,9 @@ func TestWatchSelectorsKeepTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &watchSender{sel: sel}
-	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
-	n1, n2 := map[string]string{"spec.nodeName": "n1"}, map[string]string{"spec.nodeName": "n2"}
-	ev := func(typ heraldv1.EventType, ns string, l, f, pl, pf map[string]string) *heraldv1.Event {
+	web, db := heraldv1.SortedPairs(map[string]string{"app": "web"}), heraldv1.SortedPairs(map[string]string{"app": "db"})
+	n1, n2 := heraldv1.SortedPairs(map[string]string{"spec.nodeName": "n1"}), heraldv1.SortedPairs(map[string]string{"spec.nodeName": "n2"})
+	ev := func(typ heraldv1.EventType, ns string, l, f, pl, pf []*heraldv1.Pair) *heraldv1.Event {
 		return &heraldv1.Event{Type: typ, Namespace: ns, Labels: l, Fields: f, PrevLabels: pl, PrevFields: pf}
 	}
 	for _, c := range []struct {
@@ -317,12 +317,12 @@ func unchanged(ev *heraldv1.Event) *heraldv1.Event {
 func TestWatchPrevAndProtobufAsAsked(t *testing.T) {
 	rs := newWindow(t, 100)
 	apply(t, rs, 11, put("a", "p1"), put("a", "p2"))
-	web, db := map[string]string{"app": "web"}, map[string]string{"app": "db"}
+	web, db := heraldv1.SortedPairs(map[string]string{"app": "web"}), heraldv1.SortedPairs(map[string]string{"app": "db"})
 	prev, err := testPrepare(rs.res, "a", "p1", []byte(`{"metadata":{"name":"p1","namespace":"a","labels":{"app":"web"}}}`), 11)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := prev.Fields
+	f := heraldv1.SortedPairs(prev.Fields)
 	p1 := &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 12, Namespace: "a", Name: "p1",
 		Object: []byte(`{"new":1}`), Labels: web, Fields: f, ObjectProtobuf: []byte("k8s\x00"), ObservedUnixNano: 7, Traceparent: "tp",
 		PrevUnchanged: true}

@@ -50,7 +50,9 @@ var _ ProtobufDecoder = (*kube.Decoder)(nil)
 // it, so that the previous object's JSON is not copied under the new
 // revision for every update when nearly every stream asks to omit it
 // (omit_unchanged_prev). A consumer that serves a stream which did not ask
-// makes it then from the object prev returned: PrevState.
+// makes it then from the object prev returned: PrevState. Labels and
+// fields go on the wire as pairs sorted by key (heraldv1.SortedPairs), made
+// here once per event from the object's maps, which stay as they are.
 //
 // It returns the event and, for a PUT, the object now stored at the key. ev
 // is nil when there is nothing to send: the delete of an object the
@@ -71,7 +73,8 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 		if err != nil {
 			return nil, nil, err
 		}
-		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_ADDED, obj.JSON, obj.Labels, obj.Fields
+		ev.Type, ev.Object = heraldv1.EventType_ADDED, obj.JSON
+		ev.Labels, ev.Fields = heraldv1.SortedPairs(obj.Labels), heraldv1.SortedPairs(obj.Fields)
 		p, err := prev()
 		if err != nil {
 			return nil, nil, err
@@ -80,7 +83,8 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 			ev.Type = heraldv1.EventType_MODIFIED
 			ev.PrevUnchanged = maps.Equal(p.Labels, obj.Labels) && maps.Equal(p.Fields, obj.Fields)
 			if !ev.PrevUnchanged {
-				ev.PrevObject, ev.PrevLabels, ev.PrevFields = p.WithRev(rev), p.Labels, p.Fields
+				ev.PrevObject = p.WithRev(rev)
+				ev.PrevLabels, ev.PrevFields = heraldv1.SortedPairs(p.Labels), heraldv1.SortedPairs(p.Fields)
 			}
 		}
 		return ev, obj, nil
@@ -97,7 +101,8 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 		if p == nil {
 			return nil, nil, nil // never served, nothing to delete
 		}
-		ev.Type, ev.Object, ev.Labels, ev.Fields = heraldv1.EventType_DELETED, p.WithRev(rev), p.Labels, p.Fields
+		ev.Type, ev.Object = heraldv1.EventType_DELETED, p.WithRev(rev)
+		ev.Labels, ev.Fields = heraldv1.SortedPairs(p.Labels), heraldv1.SortedPairs(p.Fields)
 		return ev, nil, nil
 	}
 	return nil, nil, nil
@@ -109,7 +114,8 @@ func FromChange(ctx context.Context, dec ValueDecoder, r *kube.Resource, namespa
 // shares everything else with ev; ev itself is unchanged.
 func PrevState(ev *heraldv1.Event, prev *kube.Object) *heraldv1.Event {
 	full := shallowCopy(ev)
-	full.PrevObject, full.PrevLabels, full.PrevFields = prev.WithRev(ev.Revision), prev.Labels, prev.Fields
+	full.PrevObject = prev.WithRev(ev.Revision)
+	full.PrevLabels, full.PrevFields = heraldv1.SortedPairs(prev.Labels), heraldv1.SortedPairs(prev.Fields)
 	return full
 }
 
@@ -121,7 +127,7 @@ func WithoutProtobuf(ev *heraldv1.Event) *heraldv1.Event {
 	return out
 }
 
-// shallowCopy is a new Event sharing ev's bytes and maps (nobody modifies
+// shallowCopy is a new Event sharing ev's bytes and pairs (nobody modifies
 // them).
 func shallowCopy(ev *heraldv1.Event) *heraldv1.Event {
 	return &heraldv1.Event{

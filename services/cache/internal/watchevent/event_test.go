@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -90,10 +91,10 @@ func TestFromChange(t *testing.T) {
 		}
 		switch ev.Type {
 		case heraldv1.EventType_ADDED, heraldv1.EventType_MODIFIED:
-			if string(ev.Object) != string(obj.JSON) || ev.Labels["app"] != "y" {
+			if string(ev.Object) != string(obj.JSON) || value(ev.Labels, "app") != "y" {
 				t.Errorf("%s: event object %s labels %v", tc.name, ev.Object, ev.Labels)
 			}
-			if tc.wantPrev && ev.PrevLabels["app"] != "x" {
+			if tc.wantPrev && value(ev.PrevLabels, "app") != "x" {
 				t.Errorf("%s: previous labels %v", tc.name, ev.PrevLabels)
 			}
 			// The new object's protobuf travels with it (kube.Decoder
@@ -108,9 +109,52 @@ func TestFromChange(t *testing.T) {
 			}
 			// The deleted object as it last was, at the delete's revision.
 			want := old.WithRev(10)
-			if string(ev.Object) != string(want) || ev.Labels["app"] != "x" {
+			if string(ev.Object) != string(want) || value(ev.Labels, "app") != "x" {
 				t.Errorf("%s: deleted object %s, want %s", tc.name, ev.Object, want)
 			}
+		}
+	}
+}
+
+// An event's labels and fields are its object's, as pairs sorted by key
+// (so that one object's event encodes alike every time), and so are the
+// previous state's.
+func TestFromChangeSortsPairs(t *testing.T) {
+	pods := resource(t, testRegistry(t), "pods")
+	const key = "/registry/pods/default/a"
+	pod := func(labels, phase string) []byte {
+		return []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"default","labels":` + labels +
+			`},"spec":{"nodeName":"n1"},"status":{"phase":"` + phase + `"}}`)
+	}
+	dec, err := kube.NewDecoder(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := dec.Decode(context.Background(), pods, key, "default", "a", pod(`{"z":"1","a":"2","m":"3"}`, "Pending"), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, obj, err := FromChange(context.Background(), dec, pods, "default", "a", 10,
+		&heraldv1.Change{Kind: heraldv1.Change_PUT, Key: key, Value: pod(`{"y":"1","b":"2","k":"3","c":""}`, "Running")},
+		func() (*kube.Object, error) { return old, nil })
+	if err != nil || ev.Type != heraldv1.EventType_MODIFIED || ev.PrevUnchanged {
+		t.Fatalf("%v, prev_unchanged %v, err %v; want MODIFIED with its previous state", ev.GetType(), ev.GetPrevUnchanged(), err)
+	}
+	for _, c := range []struct {
+		name string
+		ps   []*heraldv1.Pair
+		want map[string]string
+	}{{"labels", ev.Labels, obj.Labels}, {"fields", ev.Fields, obj.Fields},
+		{"prev_labels", ev.PrevLabels, old.Labels}, {"prev_fields", ev.PrevFields, old.Fields}} {
+		got := map[string]string{}
+		for i, kv := range c.ps {
+			if i > 0 && c.ps[i-1].Key >= kv.Key {
+				t.Errorf("%s: %q before %q", c.name, c.ps[i-1].Key, kv.Key)
+			}
+			got[kv.Key] = kv.Value
+		}
+		if !maps.Equal(got, c.want) || len(c.want) < 3 {
+			t.Errorf("%s: %v, want %v", c.name, c.ps, c.want)
 		}
 	}
 }
@@ -184,7 +228,7 @@ func TestEventPrevUnchanged(t *testing.T) {
 				t.Errorf("%s: PrevState changed its event or lost its object", tc.name)
 			}
 		}
-		if string(full.PrevObject) != string(old.WithRev(10)) || full.PrevFields["spec.nodeName"] != "n1" || full.PrevLabels["app"] != "x" {
+		if string(full.PrevObject) != string(old.WithRev(10)) || value(full.PrevFields, "spec.nodeName") != "n1" || value(full.PrevLabels, "app") != "x" {
 			t.Errorf("%s: previous object %s, labels %v, fields %v", tc.name, full.PrevObject, full.PrevLabels, full.PrevFields)
 		}
 	}
@@ -224,8 +268,8 @@ func TestEventCopiesKeepEveryOtherField(t *testing.T) {
 	for i := range fds.Len() {
 		fd := fds.Get(i)
 		switch {
-		case fd.IsMap():
-			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString(string(fd.Name())))
+		case fd.IsList() && fd.Message() != nil:
+			m.Mutable(fd).List().Append(protoreflect.ValueOfMessage((&heraldv1.Pair{Key: "k", Value: string(fd.Name())}).ProtoReflect()))
 		case fd.Kind() == protoreflect.EnumKind:
 			m.Set(fd, protoreflect.ValueOfEnum(1))
 		case fd.Kind() == protoreflect.Int64Kind:
@@ -267,7 +311,7 @@ func TestEventCopiesKeepEveryOtherField(t *testing.T) {
 			if !changed {
 				want = m.Get(fd)
 			}
-			if fd.IsMap() && strings.HasPrefix(string(fd.Name()), "prev_") && tc.name == "PrevState" {
+			if fd.IsList() && strings.HasPrefix(string(fd.Name()), "prev_") && tc.name == "PrevState" {
 				continue // prev's own, checked below
 			}
 			if !out.Get(fd).Equal(want) {
@@ -275,10 +319,14 @@ func TestEventCopiesKeepEveryOtherField(t *testing.T) {
 			}
 		}
 	}
-	if ps := PrevState(full, prev); ps.PrevLabels["app"] != "x" || ps.PrevFields["metadata.name"] != "a" {
+	if ps := PrevState(full, prev); value(ps.PrevLabels, "app") != "x" || value(ps.PrevFields, "metadata.name") != "a" {
 		t.Errorf("PrevState: labels %v, fields %v, want the previous object's", ps.PrevLabels, ps.PrevFields)
 	}
 	if !proto.Equal(full, orig) {
 		t.Errorf("the event changed: %v, want %v", full, orig)
 	}
 }
+
+// value is the value of key among an event's pairs, "" when they do not
+// hold it.
+func value(ps []*heraldv1.Pair, key string) string { return (*heraldv1.Pairs)(&ps).Get(key) }

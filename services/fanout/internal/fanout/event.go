@@ -124,14 +124,14 @@ func (it *item) transition(sel *request.Selector) request.Transition {
 	if sel.Empty {
 		return request.Decide(kind, true, true)
 	}
-	cur := sel.Matches(ev.Namespace, ev.Labels, ev.Fields)
+	cur := sel.Matches(ev.Namespace, ev.LabelPairs(), ev.FieldPairs())
 	prev := false
 	switch {
 	case ev.Type != heraldv1.EventType_MODIFIED:
 	case ev.PrevUnchanged: // no previous state on the wire: it selects alike
 		prev = cur
 	default:
-		prev = sel.Matches(ev.Namespace, ev.PrevLabels, ev.PrevFields)
+		prev = sel.Matches(ev.Namespace, ev.PrevLabelPairs(), ev.PrevFieldPairs())
 	}
 	return request.Decide(kind, cur, prev)
 }

@@ -82,14 +82,14 @@ func (x *watcherIndex) each(ev *heraldv1.Event, fn func(*watcher)) {
 	if len(x.byNode) == 0 {
 		return
 	}
-	node, ok := ev.Fields[indexedField]
+	node, ok := ev.FieldPairs().Lookup(indexedField)
 	if b := x.byNode[node]; ok && b != nil {
 		for w := range b {
 			fn(w)
 		}
 	}
 	// A prev_unchanged event has no PrevFields: its node is the same.
-	if prev, pok := ev.PrevFields[indexedField]; pok && (!ok || prev != node) {
+	if prev, pok := ev.PrevFieldPairs().Lookup(indexedField); pok && (!ok || prev != node) {
 		for w := range x.byNode[prev] {
 			fn(w)
 		}

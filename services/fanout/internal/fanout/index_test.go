@@ -60,10 +60,10 @@ func TestWatcherIndex(t *testing.T) {
 		ev   *heraldv1.Event
 		want string
 	}{
-		{&heraldv1.Event{Namespace: "a", Fields: map[string]string{"spec.nodeName": "n1"}}, "[all all-labels node-1 node-1-in-a ns-a]"},
-		{&heraldv1.Event{Namespace: "b", Fields: map[string]string{"spec.nodeName": "n2"}, PrevFields: map[string]string{"spec.nodeName": "n1"}},
+		{&heraldv1.Event{Namespace: "a", Fields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": "n1"})}, "[all all-labels node-1 node-1-in-a ns-a]"},
+		{&heraldv1.Event{Namespace: "b", Fields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": "n2"}), PrevFields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": "n1"})},
 			"[all all-labels node-1 node-1-in-a node-2 ns-b]"},
-		{&heraldv1.Event{Namespace: "c", Fields: map[string]string{"spec.nodeName": ""}}, "[all all-labels unscheduled]"},
+		{&heraldv1.Event{Namespace: "c", Fields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": ""})}, "[all all-labels unscheduled]"},
 		{&heraldv1.Event{Namespace: "c"}, "[all all-labels]"},
 	}
 	for _, c := range cases {
@@ -97,8 +97,8 @@ func TestDispatchPrevUnchanged(t *testing.T) {
 	all, web, db, n1, n2 := mk("", ""), mk("app=web", ""), mk("app=db", ""), mk("", "spec.nodeName=n1"), mk("", "spec.nodeName=n2")
 	h.mu.Lock()
 	n := h.dispatch(newItem(&heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: 5, Namespace: "default", Name: "p",
-		Object: []byte(`{"kind":"Pod"}`), Labels: map[string]string{"app": "web"},
-		Fields: map[string]string{"metadata.name": "p", "metadata.namespace": "default", "spec.nodeName": "n1"}, PrevUnchanged: true}))
+		Object: []byte(`{"kind":"Pod"}`), Labels: heraldv1.SortedPairs(map[string]string{"app": "web"}),
+		Fields: heraldv1.SortedPairs(map[string]string{"metadata.name": "p", "metadata.namespace": "default", "spec.nodeName": "n1"}), PrevUnchanged: true}))
 	h.mu.Unlock()
 	if n != 3 {
 		t.Errorf("queued to %d watchers, want 3", n)
@@ -147,8 +147,8 @@ func BenchmarkDispatchKubelets(b *testing.B) {
 			for i := range b.N {
 				node := fmt.Sprintf("node-%d", i%nodes)
 				ev := &heraldv1.Event{Type: heraldv1.EventType_MODIFIED, Revision: int64(i + 1), Namespace: "default", Name: "p", Object: obj,
-					Fields: map[string]string{"spec.nodeName": node}, PrevFields: map[string]string{"spec.nodeName": node},
-					Labels: map[string]string{"node": node}, PrevLabels: map[string]string{"node": node}}
+					Fields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": node}), PrevFields: heraldv1.SortedPairs(map[string]string{"spec.nodeName": node}),
+					Labels: heraldv1.SortedPairs(map[string]string{"node": node}), PrevLabels: heraldv1.SortedPairs(map[string]string{"node": node})}
 				h.mu.Lock()
 				if n := h.dispatch(newItem(ev)); n != 1 {
 					b.Fatalf("queued to %d watchers, want 1", n)

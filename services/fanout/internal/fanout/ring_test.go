@@ -105,7 +105,7 @@ func TestHubHeadPassesWholeQueuedRevisions(t *testing.T) {
 		}
 	}
 	ev := func(name string) *heraldv1.Event {
-		return &heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 11, Namespace: "default", Name: name, Labels: map[string]string{"x": name}, Object: []byte("{}")}
+		return &heraldv1.Event{Type: heraldv1.EventType_ADDED, Revision: 11, Namespace: "default", Name: name, Labels: heraldv1.SortedPairs(map[string]string{"x": name}), Object: []byte("{}")}
 	}
 	h.flush([]*heraldv1.Event{ev("a"), ev("b")})
 	if len(seen) != 2 || seen[0] != 10 || seen[1] != 10 {
