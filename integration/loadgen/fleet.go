@@ -91,7 +91,7 @@ func WaitAuthorized(ctx context.Context, c *http.Client, base, token string, tim
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the fleet's token not authorized after %s: %w", timeout, err)
+			return fmt.Errorf("a LIST of pods with the token not answered 200 after %s: %w", timeout, err)
 		}
 		select {
 		case <-ctx.Done():
