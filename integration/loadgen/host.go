@@ -34,6 +34,19 @@ type HostInfo struct {
 	Admins        map[string]string `json:"admins,omitempty"` // service name -> admin address
 }
 
+// HostOptions say how a host's Herald services run (mode "herald"); the
+// host process itself, with its embedded etcd and NATS, runs in the
+// environment it was started with.
+type HostOptions struct {
+	// RBACDir: the frontdoors authorize with the RBAC manifests in it
+	// (--authorization.rbac-dir); empty: only system:masters is allowed.
+	RBACDir string
+	// SysmonAwake: the services run with service.SysmonAwake, as make run
+	// and the manifests start them; otherwise with the runtime's default
+	// (stack.SysmonEnv).
+	SysmonAwake bool
+}
+
 // Host runs in its own process so that the CPU of what it embeds is that
 // process's CPU and nothing else's: mode "herald" starts the whole stack
 // (stack.Start: embedded NATS and every service a process) on the etcd at
@@ -42,9 +55,9 @@ type HostInfo struct {
 // configured as the stack's, for kube-apiserver and for Herald. tokenFile,
 // if set, is installed as the stack's token file (its first line must be
 // the admin). replicas (0 or 1: one) is how many fanout and how many
-// frontdoor processes Herald runs. It prints a HostInfo line and runs until
-// stdin closes or ctx ends.
-func Host(ctx context.Context, mode, dir, binDir, tokenFile, etcdEndpoint string, replicas int, stdin io.Reader, stdout io.Writer) error {
+// frontdoor processes Herald runs; o says how they run. It prints a
+// HostInfo line and runs until stdin closes or ctx ends.
+func Host(ctx context.Context, mode, dir, binDir, tokenFile, etcdEndpoint string, replicas int, o HostOptions, stdin io.Reader, stdout io.Writer) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -67,8 +80,12 @@ func Host(ctx context.Context, mode, dir, binDir, tokenFile, etcdEndpoint string
 				return err
 			}
 		}
-		s, err := stack.Start(ctx, stack.Options{Dir: dir, BinDir: binDir, Fanouts: replicas, Frontdoors: replicas,
-			Cluster: stack.ClusterEtcd{Endpoints: etcdEndpoint}})
+		so := stack.Options{Dir: dir, BinDir: binDir, Fanouts: replicas, Frontdoors: replicas,
+			Cluster: stack.ClusterEtcd{Endpoints: etcdEndpoint}, NoSysmonAwake: !o.SysmonAwake}
+		if o.RBACDir != "" {
+			so.Flags = map[string][]string{"frontdoor": {"--authorization.rbac-dir=" + o.RBACDir}}
+		}
+		s, err := stack.Start(ctx, so)
 		if err != nil {
 			return err
 		}

@@ -83,6 +83,16 @@ type Workload struct {
 	// processes Herald runs (the watchers spread round-robin over the
 	// frontdoors, Target.BaseURLs); kube-apiserver stays one process.
 	Replicas int
+	// Fleet is the shape of a fleet of clients deployed with one
+	// credential: every watcher presents the same bearer token, of
+	// FleetUser in FleetGroup, outside system:masters, so that each
+	// system's RBAC authorizer decides it by FleetRBAC's grant
+	// (kube-apiserver runs with --authorization-mode=RBAC, Herald's
+	// frontdoor with FleetPolicy). And the writes follow the opening: the
+	// warm-up starts as soon as the last watcher opened, with no memory
+	// per idle watcher or idle CPU measured in between (their pauses and
+	// forced GCs would stand between the opening and the writes).
+	Fleet bool
 }
 
 // Encoding names the workload's storage and wire encoding, for reports.

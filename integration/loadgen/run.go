@@ -288,6 +288,9 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	// watchers at all it would be spread over them, more thinly the more
 	// there are. The growth from none is kept too (HeapFromNone).
 	half := w.Watchers / 2
+	if w.Fleet {
+		half = 0 // all at once, and no memory measured (Workload.Fleet)
+	}
 	open(0, half)
 	took := time.Since(openStart)
 	heapHalf, rssHalf := heap0, rss0
@@ -305,11 +308,15 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	took += time.Since(secondStart)
 	res.Watchers = w.Watchers - res.OpenFailures
 	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", took.Round(time.Millisecond))
-	time.Sleep(3 * time.Second) // let the servers settle
-	heap1, rss1 := r.memory(ctx)
-	held := r.held(ctx, res.Watchers)
-	if t.IdleProfile != nil {
-		t.IdleProfile(ctx)
+	var heap1, rss1 map[string]uint64
+	var held map[string]float64
+	if !w.Fleet {
+		time.Sleep(3 * time.Second) // let the servers settle
+		heap1, rss1 = r.memory(ctx)
+		held = r.held(ctx, res.Watchers)
+		if t.IdleProfile != nil {
+			t.IdleProfile(ctx)
+		}
 	}
 	for name, h := range heap1 {
 		// Each figure only from what was read: a process whose heap or
@@ -328,7 +335,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rssHalf[name])) / added
 	}
 
-	if r.Idle > 0 {
+	if r.Idle > 0 && !w.Fleet {
 		c0 := r.cpu()
 		time.Sleep(r.Idle)
 		c1 := r.cpu()

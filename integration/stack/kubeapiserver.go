@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"herald.dev/libs/service"
 )
 
 // KubeAPIServerEnv names a prebuilt kube-apiserver binary to use instead of
@@ -75,6 +73,9 @@ type KubeAPIServerOptions struct {
 	Start func(start func() error) error
 	// Args are more flags, after the ones StartKubeAPIServer sets.
 	Args []string
+	// NoSysmonAwake runs it with the Go runtime's default sysmon instead
+	// of the setting Herald's processes get (SysmonEnv).
+	NoSysmonAwake bool
 }
 
 // KubeAPIServer is a running kube-apiserver process.
@@ -126,7 +127,7 @@ func StartKubeAPIServer(ctx context.Context, o KubeAPIServerOptions) (*KubeAPISe
 	// The runtime setting Herald's own processes get (Proc.Start), so that
 	// a side by side gives both the same: kube-apiserver is a Go process
 	// woken for every event too.
-	cmd.Env = service.SysmonAwakeEnv(os.Environ())
+	cmd.Env = SysmonEnv(os.Environ(), !o.NoSysmonAwake)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := cmd.Start

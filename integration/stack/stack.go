@@ -32,8 +32,6 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
-
-	"herald.dev/libs/service"
 )
 
 // Options say what to start. Zero addresses pick free loopback ports.
@@ -78,6 +76,10 @@ type Options struct {
 	// Upstream puts frontdoor in front of a cluster's kube-apiserver
 	// (upstream.go); empty Kubeconfig: frontdoor serves alone.
 	Upstream Upstream
+	// NoSysmonAwake runs the services with the Go runtime's default sysmon
+	// instead of service.SysmonAwake (SysmonEnv), as the load benchmark
+	// does to tell what the setting does (herald-load -godebug).
+	NoSysmonAwake bool
 }
 
 // ClusterEtcd is the etcd of an existing cluster (kube-apiserver's
@@ -548,8 +550,9 @@ func (p *Proc) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cmd := exec.Command(filepath.Join(p.stack.opts.BinDir, p.Bin), p.Args...)
-	// As the manifests run them: sysmon kept out of its deep sleep.
-	cmd.Env = service.SysmonAwakeEnv(os.Environ())
+	// As the manifests run them: sysmon kept out of its deep sleep (unless
+	// told otherwise).
+	cmd.Env = SysmonEnv(os.Environ(), !p.stack.opts.NoSysmonAwake)
 	out := p.stack.opts.Logs
 	if out == nil {
 		dir := filepath.Join(p.stack.opts.Dir, "logs")

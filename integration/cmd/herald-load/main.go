@@ -32,7 +32,6 @@ import (
 	"herald.dev/integration/loadgen"
 	"herald.dev/integration/stack"
 	"herald.dev/integration/tracerecv"
-	"herald.dev/libs/service"
 )
 
 func main() {
@@ -44,10 +43,13 @@ func main() {
 		tokens := fs.String("tokens", "", "Token file for frontdoor.")
 		replicas := fs.Int("replicas", 1, "Fanout and frontdoor processes (herald mode).")
 		etcd := fs.String("etcd", "", "Client URL of the etcd Herald reads (herald mode; empty: one embedded in this process).")
+		var ho loadgen.HostOptions
+		fs.StringVar(&ho.RBACDir, "rbac-dir", "", "RBAC manifests frontdoor authorizes with (herald mode; empty: only system:masters is allowed).")
+		fs.BoolVar(&ho.SysmonAwake, "sysmon-awake", true, "Run Herald's services with GODEBUG=schedtrace=2147483647 (herald mode).")
 		fs.Parse(os.Args[2:])
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, *etcd, *replicas, os.Stdin, os.Stdout); err != nil {
+		if err := loadgen.Host(ctx, *mode, *dir, *bin, *tokens, *etcd, *replicas, ho, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "herald-load host:", err)
 			os.Exit(1)
 		}
@@ -58,20 +60,21 @@ func main() {
 	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "Report file.")
 	flag.StringVar(&o.dir, "dir", "", "Work directory for state, logs and profiles (empty: a temporary one, removed afterwards).")
-	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per broadcast workload (the kubelet-like ones take -kubelet-duration).")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "Measured writes per broadcast workload (the kubelet-like ones take -kubelet-duration; the -fleet ones always write for 15 s after 500 ms of warm-up).")
 	flag.DurationVar(&o.kubeletDuration, "kubelet-duration", 60*time.Second, "Measured writes per kubelet-like workload (kubelet-*, daemonset-*): kubelet-5000x200 and daemonset-5000x200 deliver 200 events/s, so 20 s would hold 4,000 latencies and a p99 that the 40 slowest, a few stalls of the machine, decide.")
 	flag.DurationVar(&o.idleAfter, "idle-after", 0, "Once a workload's writes are delivered, log each fanout and frontdoor process's heap in use, then again after this long with the watchers open and no writes (0: not measured).")
 	flag.DurationVar(&o.idle, "idle", 0, "With the watchers open and before any write, measure each server process's CPU over this long without writes, and log it (0: not measured).")
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "Unmeasured writes at the same rate before each workload's measured writes.")
 	flag.DurationVar(&o.settle, "settle", 90*time.Second, "Unmeasured writes at each workload's rate before its watchers open, so that kube-apiserver's watch cache history reaches its steady state (it grows while it holds less than about 75 s of events).")
 	flag.StringVar(&o.proto, "proto", "http1", "Protocol of each watcher's own connection: http1 or http2 (the -h2mux workloads multiplex instead).")
-	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-1000x400 saturates a machine on which broadcast-1000x200 does not; broadcast-1000x600 is past Herald's capacity on a 2-core machine; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling).")
+	flag.StringVar(&o.only, "workloads", "", "Comma-separated workload names to run (empty: the full-scale ones; broadcast-1000x400 saturates a machine on which broadcast-1000x200 does not; broadcast-1000x600 is past Herald's capacity on a 2-core machine; broadcast-200x100, kubelet-1000x200 and kubelet-1000x200-protobuf are reduced-scale ones for profiling; broadcast-1000x100-fleet, kubelet-5000x200-fleet, kubelet-5000x200-protobuf-fleet and the reduced broadcast-200x100-fleet open their watchers as a fleet deployed with one RBAC-authorized token would, and write right after).")
 	flag.StringVar(&o.systems, "systems", "herald,kube-apiserver", "Systems to run.")
 	flag.IntVar(&o.rounds, "rounds", 3, "Runs of each workload on each system (alternating, each on fresh systems); the report shows the median by p99, the median CPU per delivery (which the targets compare) and every run.")
 	flag.IntVar(&o.replicas, "replicas", 1, "Fanout and frontdoor processes of Herald (each frontdoor routes over every fanout; the watchers spread round-robin over the frontdoors, one connection each); kube-apiserver stays one process. Above 1, the workloads' names end in -<n>replicas.")
 	flag.StringVar(&o.clientCPUs, "client-cpus", "auto", "CPUs of the load client (this process), the servers getting the rest of those it may use: auto (a quarter of them, on 4 or more; on fewer everything shares them), none, or a list (3, 6-7, 0,2).")
 	flag.StringVar(&o.heraldEtcd, "herald-etcd", "shared", "Where Herald's etcd runs: shared (embedded in the process of Herald's NATS, as make run does) or own (a process of its own, started and loaded as kube-apiserver's is, as a cluster's etcd would be; on 2 cores the extra process cost Herald CPU and p99, see docs/benchmark-experiments.md).")
 	flag.BoolVar(&o.traceHops, "trace-hops", false, "Have Herald's processes export every event's spans to a collector in this process, and report where each event's latency went, hop by hop, on JSON watches (a protobuf stream carries no trace lines to frontdoor; tracing costs CPU and latency: compare such a run's figures with an untraced one's, not with kube-apiserver's).")
+	flag.StringVar(&o.godebug, "godebug", "both", "Which systems' server processes run with GODEBUG=schedtrace=2147483647 (sysmon kept out of its deep sleep, as make run and the manifests start Herald's): both, herald (Herald's hosts and services; kube-apiserver and its etcd with the runtime's default) or none.")
 	flag.IntVar(&o.memPods, "memory-pods", 20000, "Pods loaded, once stored as JSON and once as protobuf, into fresh systems to measure the memory per 10,000 pods of Herald's cache and of kube-apiserver (0: not measured).")
 	flag.Parse()
 	o.command = "herald-load " + strings.Join(os.Args[1:], " ")
@@ -83,7 +86,7 @@ func main() {
 
 type options struct {
 	kube, binDir, out, dir, only, systems, command string
-	proto, clientCPUs, heraldEtcd                  string
+	proto, clientCPUs, heraldEtcd, godebug         string
 	duration, kubeletDuration, warmup, settle      time.Duration
 	idle, idleAfter                                time.Duration
 	rounds, memPods, replicas                      int
@@ -96,6 +99,64 @@ const (
 	numKubelets = 5000
 )
 
+// defaultWorkloads run when -workloads is empty.
+const defaultWorkloads = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,kubelet-5000x200-protobuf,daemonset-5000x200,broadcast-1000x100-h2mux"
+
+// fleetWorkloads are the workloads of the fleet shape (Workload.Fleet),
+// with each watcher's connection proto and settle time: measured writes
+// for 15 s, 500 ms after the last watcher opened, as a client that starts
+// writing once its watchers are up. The kubelet-like ones still watch one
+// node's pods each; only the token is shared. Not in the default set.
+func fleetWorkloads(proto string, settle time.Duration) []loadgen.Workload {
+	w := func(name string, watchers, perSec int, kubelet, protobuf bool) loadgen.Workload {
+		return loadgen.Workload{Name: name, Watchers: watchers, WritesPerSec: perSec, Kubelet: kubelet, Protobuf: protobuf, Fleet: true,
+			Proto: proto, Duration: 15 * time.Second, Warmup: 500 * time.Millisecond, Settle: settle}
+	}
+	return []loadgen.Workload{
+		w("broadcast-1000x100-fleet", 1000, 100, false, false),
+		w("kubelet-5000x200-fleet", numKubelets, 200, true, false),
+		w("kubelet-5000x200-protobuf-fleet", numKubelets, 200, true, true),
+		// Reduced scale, to check the shape end to end on a shared machine.
+		w("broadcast-200x100-fleet", 200, 100, false, false),
+	}
+}
+
+// tokenLines is the token file of a run whose tokens start with prefix (the
+// stack's format; the first line is the admin, prefix-admin): one token
+// per user, every one in system:masters (broadcast: 10 controllers;
+// kubelet-like: one per node; a DaemonSet's ServiceAccount), but for the
+// fleet's (prefix-fleet), whose user is authorized by RBAC only
+// (Workload.Fleet).
+func tokenLines(prefix string) []byte {
+	var tf bytes.Buffer
+	fmt.Fprintf(&tf, "%s-admin,herald-admin,herald-admin,\"system:masters\"\n", prefix)
+	for i := range numUsers {
+		fmt.Fprintf(&tf, "%s-controller-%d,controller-%d,controller-%d,\"system:masters\"\n", prefix, i, i, i)
+	}
+	fmt.Fprintf(&tf, "%s-daemonset,system:serviceaccount:kube-system:kube-proxy,kube-proxy,\"system:masters,system:serviceaccounts\"\n", prefix)
+	fmt.Fprintf(&tf, "%s-fleet,%s,%s,\"%s\"\n", prefix, loadgen.FleetUser, loadgen.FleetUser, loadgen.FleetGroup)
+	for i := range numKubelets {
+		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
+	}
+	return tf.Bytes()
+}
+
+// awakeSystems says which systems' server processes run with
+// GODEBUG=schedtrace=2147483647 (-godebug).
+type awakeSystems struct{ herald, kube bool }
+
+func sysmonAwake(godebug string) (awakeSystems, error) {
+	switch godebug {
+	case "both":
+		return awakeSystems{herald: true, kube: true}, nil
+	case "herald":
+		return awakeSystems{herald: true}, nil
+	case "none":
+		return awakeSystems{}, nil
+	}
+	return awakeSystems{}, fmt.Errorf("-godebug %q: want both, herald or none", godebug)
+}
+
 func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -105,6 +166,10 @@ func run(o options) error {
 	}
 	if o.heraldEtcd != "own" && o.heraldEtcd != "shared" {
 		return fmt.Errorf("-herald-etcd %q: want own or shared", o.heraldEtcd)
+	}
+	awake, err := sysmonAwake(o.godebug)
+	if err != nil {
+		return err
 	}
 	measured := func(kubelet bool) time.Duration {
 		if kubelet {
@@ -148,8 +213,9 @@ func run(o options) error {
 		w("kubelet-1000x200", 1000, 200, true, 0),
 		protobuf(w("kubelet-1000x200", 1000, 200, true, 0)),
 	}
+	workloads = append(workloads, fleetWorkloads(o.proto, o.settle)...)
 	if o.only == "" {
-		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,kubelet-5000x200-protobuf,daemonset-5000x200,broadcast-1000x100-h2mux"
+		o.only = defaultWorkloads
 	}
 	if o.only != "" {
 		var keep []loadgen.Workload
@@ -187,7 +253,7 @@ func run(o options) error {
 	log.Info("CPU placement", "placement", cpus.String())
 	rp := &loadgen.Report{Machine: loadgen.Machine(), CPUs: cpus.String(), Command: o.command, Started: time.Now(), Workloads: workloads,
 		Herald: map[string]*loadgen.Result{}, Kube: map[string]*loadgen.Result{},
-		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}, OwnEtcd: o.heraldEtcd == "own"}
+		HeraldRounds: map[string][]*loadgen.Result{}, KubeRounds: map[string][]*loadgen.Result{}, OwnEtcd: o.heraldEtcd == "own", SysmonAwake: o.godebug}
 	if o.dir == "" {
 		d, err := os.MkdirTemp("", "herald-load")
 		if err != nil {
@@ -213,26 +279,24 @@ func run(o options) error {
 		return err
 	}
 
-	// One token per user, every user in system:masters; the first line is
-	// the admin (the stack's token file convention).
 	run := make([]byte, 6)
 	rand.Read(run)
 	prefix := hex.EncodeToString(run)
 	tokenFile := filepath.Join(o.dir, "tokens.csv")
-	var tf bytes.Buffer
-	admin := prefix + "-admin"
-	fmt.Fprintf(&tf, "%s,herald-admin,herald-admin,\"system:masters\"\n", admin)
-	for i := range numUsers {
-		fmt.Fprintf(&tf, "%s-controller-%d,controller-%d,controller-%d,\"system:masters\"\n", prefix, i, i, i)
+	admin, fleetToken := prefix+"-admin", prefix+"-fleet"
+	if err := os.WriteFile(tokenFile, tokenLines(prefix), 0o600); err != nil {
+		return err
 	}
-	fmt.Fprintf(&tf, "%s-daemonset,system:serviceaccount:kube-system:kube-proxy,kube-proxy,\"system:masters,system:serviceaccounts\"\n", prefix)
-	for i := range numKubelets {
-		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
-	}
-	if err := os.WriteFile(tokenFile, tf.Bytes(), 0o600); err != nil {
+	// The fleet's grant, for Herald's frontdoor; kube-apiserver gets the
+	// same objects through its API (loadgen.GrantFleet).
+	fleetPolicy, err := loadgen.WriteFleetPolicy(filepath.Join(o.dir, "rbac"))
+	if err != nil {
 		return err
 	}
 	token := func(w loadgen.Workload) func(int) string {
+		if w.Fleet {
+			return func(int) string { return fleetToken }
+		}
 		if w.OneUser {
 			return func(int) string { return prefix + "-daemonset" }
 		}
@@ -286,12 +350,12 @@ func run(o options) error {
 	// loaded starts a host (mode "herald", on the etcd at etcdEndpoint or
 	// its own, or "etcd") in dir and loads pods (if any) into its etcd;
 	// stop stops both.
-	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, ho loadgen.HostOptions, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
 		var env []string
 		if mode == "herald" {
 			env = heraldEnv
 		}
-		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, o.replicas, env)
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, o.replicas, ho, env)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -325,26 +389,28 @@ func run(o options) error {
 	}
 	// heraldHost starts a fresh Herald in dir, with pods loaded. With
 	// -herald-etcd own, its etcd is a host of its own, started and loaded
-	// first as kube-apiserver's is; hosts names the host processes.
-	heraldHost := func(dir string, pods *loadgen.Pods) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
+	// first as kube-apiserver's is; hosts names the host processes. Its
+	// frontdoors authorize with the manifests in rbacDir (if set).
+	heraldHost := func(dir string, pods *loadgen.Pods, rbacDir string) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, nil, nil, nil, err
 		}
 		if err := os.Symlink(pkiDir, filepath.Join(dir, "pki")); err != nil && !os.IsExist(err) {
 			return nil, nil, nil, nil, err
 		}
+		ho := loadgen.HostOptions{RBACDir: rbacDir, SysmonAwake: awake.herald}
 		if o.heraldEtcd == "shared" {
-			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", pods)
+			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", ho, pods)
 			if err != nil {
 				return nil, nil, nil, nil, err
 			}
 			return info, []hostProc{{"etcd+nats", info}}, etcd, stop, nil
 		}
-		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", pods)
+		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", ho, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, nil)
+		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, ho, nil)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -353,11 +419,24 @@ func run(o options) error {
 		return info, []hostProc{{"etcd", etcdInfo}, {"nats", info}}, etcd, func() { stopHerald(); stopEtcd() }, nil
 	}
 	heraldRun := func(w loadgen.Workload, round int) error {
-		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w))
+		rbacDir := ""
+		if w.Fleet {
+			rbacDir = fleetPolicy
+		}
+		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w), rbacDir)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		if w.Fleet {
+			// Every frontdoor loaded the grant at its start: a refusal
+			// here is a broken policy, not a delay.
+			for _, u := range info.FrontdoorURLs {
+				if err := loadgen.WaitAuthorized(ctx, httpc, u, fleetToken, 10*time.Second); err != nil {
+					return fmt.Errorf("%s: %w", u, err)
+				}
+			}
+		}
 		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops}
 		admins := map[string]string{}
 		for _, h := range hosts {
@@ -437,13 +516,15 @@ func run(o options) error {
 		return nil
 	}
 	// kubeHost starts a fresh etcd in dir with pods (if any) loaded, and
-	// kube-apiserver on it with JSON or protobuf storage.
-	kubeHost := func(dir string, pods *loadgen.Pods, protobuf bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
-		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", pods)
+	// kube-apiserver on it with JSON or protobuf storage, and RBAC or no
+	// authorization.
+	kubeHost := func(dir string, pods *loadgen.Pods, protobuf, rbac bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
+		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", loadgen.HostOptions{SysmonAwake: awake.kube}, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		k, err = loadgen.StartKubeAPIServer(ctx, cpus, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, protobuf, httpc)
+		mode := loadgen.KubeMode{Protobuf: protobuf, RBAC: rbac, SysmonAwake: awake.kube}
+		k, err = loadgen.StartKubeAPIServer(ctx, cpus, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, mode, httpc)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -456,11 +537,16 @@ func run(o options) error {
 		}
 	}
 	kubeRun := func(w loadgen.Workload, round int) error {
-		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w), w.Protobuf)
+		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w), w.Protobuf, w.Fleet)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		if w.Fleet {
+			if err := loadgen.GrantFleet(ctx, httpc, k.URL, admin, fleetToken, time.Minute); err != nil {
+				return err
+			}
+		}
 		t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin, Token: token(w),
 			CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
 			Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
@@ -526,7 +612,7 @@ func run(o options) error {
 				rp.Memory = append(rp.Memory, m)
 			}
 			if want("herald") {
-				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil)
+				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil, "")
 				if err != nil {
 					return fmt.Errorf("herald: %w", err)
 				}
@@ -536,7 +622,7 @@ func run(o options) error {
 				stop()
 			}
 			if rp.KubeNote == "" {
-				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), nil, pods.Protobuf)
+				_, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, "kube-memory-"+enc), nil, pods.Protobuf, false)
 				if err != nil {
 					note(&loadgen.Memory{Target: "kube-apiserver", Process: "kube-apiserver", Encoding: pods.Encoding(), Pods: pods.N}, err)
 					continue
@@ -605,7 +691,7 @@ func targets(rp *loadgen.Report) []string {
 				}
 			}
 			out = append(out, fmt.Sprintf("%s: Herald missing %d, duplicated %d, reordered %d (target 0): %s.", w.Name, h.Missing, h.Duplicates, h.Reordered, verdict(h.Missing == 0 && h.Duplicates == 0 && h.Reordered == 0)))
-			if w.OneUser {
+			if w.OneUser || w.Fleet {
 				out = append(out, fmt.Sprintf("%s: %d of %d watches of one token opened with the default flags (target all): %s.", w.Name, h.Watchers, w.Watchers, verdict(h.Watchers == w.Watchers)))
 			}
 		}
@@ -718,7 +804,7 @@ type hostProc struct {
 }
 
 // startHost runs `herald-load host` (this binary) and reads its HostInfo.
-func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens, etcd string, replicas int, env []string) (*host, *loadgen.HostInfo, error) {
+func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tokens, etcd string, replicas int, ho loadgen.HostOptions, env []string) (*host, *loadgen.HostInfo, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
@@ -728,13 +814,15 @@ func startHost(ctx context.Context, cpus loadgen.CPUPlan, mode, dir, binDir, tok
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-etcd", etcd, "-replicas", fmt.Sprint(replicas))
+	cmd := exec.CommandContext(ctx, self, "host", "-mode", mode, "-dir", dir, "-bin-dir", binDir, "-tokens", tokens, "-etcd", etcd, "-replicas", fmt.Sprint(replicas),
+		"-rbac-dir", ho.RBACDir, fmt.Sprintf("-sysmon-awake=%t", ho.SysmonAwake))
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	// Every server process of both systems runs with the runtime setting
-	// Herald's services get (integration/stack, the manifests): the hosts
-	// of etcd (and NATS) as much as the services and kube-apiserver.
-	cmd.Env = append(service.SysmonAwakeEnv(os.Environ()), env...)
+	// A host runs with the runtime setting its system's services get
+	// (-godebug; by default every server process of both systems has the
+	// one integration/stack and the manifests give Herald's): the hosts of
+	// etcd (and NATS) as much as the services and kube-apiserver.
+	cmd.Env = append(stack.SysmonEnv(os.Environ(), ho.SysmonAwake), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	// The host and every process it starts run on the servers' CPUs.

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,5 +109,101 @@ func TestTargetsMedianCPU(t *testing.T) {
 			}
 			t.Errorf("no target line %q:\n%s", tc.want, strings.Join(lines, "\n"))
 		})
+	}
+}
+
+// The token file holds one token per user, the admin first; every user is
+// in system:masters but the fleet's, whose only group is the one its RBAC
+// grant names.
+func TestTokenLines(t *testing.T) {
+	r := csv.NewReader(bytes.NewReader(tokenLines("p")))
+	r.FieldsPerRecord = -1
+	recs, err := r.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := 1 + numUsers + 1 + 1 + numKubelets; len(recs) != n {
+		t.Fatalf("%d tokens, want %d", len(recs), n)
+	}
+	if !slices.Equal(recs[0], []string{"p-admin", "herald-admin", "herald-admin", "system:masters"}) {
+		t.Errorf("first line %q: want the admin", recs[0])
+	}
+	seen := map[string]bool{}
+	var fleet []string
+	for _, rec := range recs {
+		if seen[rec[0]] {
+			t.Errorf("token %s twice", rec[0])
+		}
+		seen[rec[0]] = true
+		groups := strings.Split(rec[3], ",")
+		if rec[0] == "p-fleet" {
+			fleet = rec
+			continue
+		}
+		if !slices.Contains(groups, "system:masters") {
+			t.Errorf("%s not in system:masters: %q", rec[1], rec)
+		}
+	}
+	if want := []string{"p-fleet", "herald-bench-watcher", "herald-bench-watcher", "herald:bench-watchers"}; !slices.Equal(fleet, want) {
+		t.Errorf("fleet's line %q, want %q", fleet, want)
+	}
+	if loadgen.FleetUser != fleet[1] || loadgen.FleetGroup != fleet[3] {
+		t.Errorf("fleet's line %q is not the user and group the RBAC grant names (%s, %s)", fleet, loadgen.FleetUser, loadgen.FleetGroup)
+	}
+}
+
+// The fleet workloads: the shape's flag, 15 s of writes 500 ms after the
+// opening, kubelet-like ones still one node each; none in the default set
+// or named like another workload.
+func TestFleetWorkloads(t *testing.T) {
+	ws := fleetWorkloads("http2", 7*time.Second)
+	var names []string
+	for _, w := range ws {
+		names = append(names, w.Name)
+		if !w.Fleet || w.Duration != 15*time.Second || w.Warmup != 500*time.Millisecond || w.Settle != 7*time.Second || w.Proto != "http2" || w.OneUser || w.Mux != 0 {
+			t.Errorf("%s: %+v", w.Name, w)
+		}
+		if w.Kubelet != strings.HasPrefix(w.Name, "kubelet-") || w.Protobuf != strings.Contains(w.Name, "-protobuf") {
+			t.Errorf("%s: kubelet %v, protobuf %v", w.Name, w.Kubelet, w.Protobuf)
+		}
+		if strings.Contains(","+defaultWorkloads+",", ","+w.Name+",") {
+			t.Errorf("%s is in the default set", w.Name)
+		}
+	}
+	want := []string{"broadcast-1000x100-fleet", "kubelet-5000x200-fleet", "kubelet-5000x200-protobuf-fleet", "broadcast-200x100-fleet"}
+	if !slices.Equal(names, want) {
+		t.Errorf("fleet workloads %q, want %q", names, want)
+	}
+	for _, w := range ws {
+		var watchers, perSec int
+		fmt.Sscanf(strings.SplitN(w.Name, "-", 2)[1], "%dx%d", &watchers, &perSec)
+		if w.Watchers != watchers || w.WritesPerSec != perSec {
+			t.Errorf("%s: %d watchers at %d writes/s", w.Name, w.Watchers, w.WritesPerSec)
+		}
+	}
+}
+
+func TestSysmonAwake(t *testing.T) {
+	for _, tc := range []struct {
+		flag string
+		want awakeSystems
+	}{{"both", awakeSystems{herald: true, kube: true}}, {"herald", awakeSystems{herald: true}}, {"none", awakeSystems{}}} {
+		if got, err := sysmonAwake(tc.flag); err != nil || got != tc.want {
+			t.Errorf("-godebug %s: %+v, %v; want %+v", tc.flag, got, err, tc.want)
+		}
+	}
+	if _, err := sysmonAwake("kube"); err == nil {
+		t.Error("-godebug kube: no error")
+	}
+}
+
+// A fleet workload's watches share one token: the target says whether
+// every one opened.
+func TestTargetsFleetOpened(t *testing.T) {
+	w := loadgen.Workload{Name: "broadcast-1000x100-fleet", Watchers: 1000, WritesPerSec: 100, Fleet: true}
+	rp := &loadgen.Report{Workloads: []loadgen.Workload{w}, Herald: map[string]*loadgen.Result{w.Name: {Watchers: 998, OpenFailures: 2}}}
+	want := "broadcast-1000x100-fleet: 998 of 1000 watches of one token opened with the default flags (target all): **missed**."
+	if got := targets(rp); !slices.Contains(got, want) {
+		t.Errorf("no target line %q:\n%s", want, strings.Join(got, "\n"))
 	}
 }
