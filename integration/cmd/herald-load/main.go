@@ -673,7 +673,8 @@ func run(o options) error {
 // met: on the broadcast workloads Herald's whole-stack CPU per delivery and
 // p99 at most half of kube-apiserver's (where kube-apiserver falls behind
 // the writes, saturated: at least twice its deliveries/s at a p99 no
-// worse); on the kubelet-like ones no more than kube-apiserver's; every
+// worse); on the kubelet-like ones CPU no more than kube-apiserver's and
+// p99 as issue 57 decided (kubeletP99); every
 // watch of a DaemonSet's one token open;
 // frontdoor <= 16 KB and fanout <= 12 KB of heap per idle watch; and, on
 // both systems, no event missing, duplicated or reordered.
@@ -705,7 +706,7 @@ func targets(rp *loadgen.Report) []string {
 		}
 		cpu, p99 := 0.5, 0.5 // broadcast
 		if w.Kubelet {
-			cpu, p99 = 1, 1
+			cpu = 1
 		}
 		// A broadcast saturates kube-apiserver when it falls behind the
 		// rate the writes offer; the target is then throughput, which
@@ -719,6 +720,10 @@ func targets(rp *loadgen.Report) []string {
 			}
 			out = append(out, fmt.Sprintf("%s: kube-apiserver delivered %.1f%% of the rate offered (saturated); deliveries/s %.0f vs kube-apiserver %.0f, ratio %.2f (target >= 2) at p99 %.1f ms vs %.1f ms (target: no worse): %s.", w.Name,
 				100*k.OfferedShare(), h.DeliveriesPerSec(), k.DeliveriesPerSec(), ratio, float64(h.P99)/1e6, float64(k.P99)/1e6, v))
+		} else if w.Kubelet {
+			limit, rule := kubeletP99(k.P99)
+			out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms, ratio %.2f (target %s, <= %.1f ms): %s.", w.Name,
+				float64(h.P99)/1e6, float64(k.P99)/1e6, float64(h.P99)/float64(k.P99), rule, float64(limit)/1e6, verdict(h.P99 <= limit)))
 		} else {
 			out = append(out, fmt.Sprintf("%s: p99 %.1f ms vs kube-apiserver %.1f ms, ratio %.2f (target <= %.1f): %s.", w.Name,
 				float64(h.P99)/1e6, float64(k.P99)/1e6, float64(h.P99)/float64(k.P99), p99, verdict(float64(h.P99) <= p99*float64(k.P99))))
@@ -734,6 +739,18 @@ func targets(rp *loadgen.Report) []string {
 		out = append(out, fmt.Sprintf("%s: kube-apiserver missing %d, duplicated %d, reordered %d, %.0f watches terminated (Herald: %.0f).", w.Name, k.Missing, k.Duplicates, k.Reordered, k.Terminated, h.Terminated))
 	}
 	return out
+}
+
+// kubeletP99 is the kubelet-like workloads' p99 target, as issue 57
+// decided it: the five processes stay in series, each hop a wake-up on a
+// machine the load client shares, so Herald may add up to 3 ms to
+// kube-apiserver's p99; where kube-apiserver's p99 passes 100 ms (the loads
+// a fan-out tier is for) Herald must halve it. rule says which applies.
+func kubeletP99(kube time.Duration) (limit time.Duration, rule string) {
+	if kube > 100*time.Millisecond {
+		return kube / 2, "<= 0.5x where kube-apiserver's passes 100 ms"
+	}
+	return kube + 3*time.Millisecond, "<= kube-apiserver's + 3 ms"
 }
 
 func verdict(ok bool) string {

@@ -207,3 +207,35 @@ func TestTargetsFleetOpened(t *testing.T) {
 		t.Errorf("no target line %q:\n%s", want, strings.Join(got, "\n"))
 	}
 }
+
+// The kubelet-like p99 target of issue 57: kube-apiserver's p99 plus 3 ms,
+// and half of it wherever it passes 100 ms.
+func TestTargetsKubeletP99(t *testing.T) {
+	w := loadgen.Workload{Name: "kubelet-5000x200", Watchers: 5000, WritesPerSec: 200, Kubelet: true}
+	run := func(p99 time.Duration) *loadgen.Result {
+		return &loadgen.Result{Expected: 12000, Deliveries: 12000, WriteTime: 60 * time.Second, Window: 60 * time.Second, P99: p99, ServerCPU: 20000}
+	}
+	for _, tc := range []struct {
+		name         string
+		herald, kube time.Duration
+		want         string
+	}{
+		{"within 3 ms", 6900 * time.Microsecond, 4 * time.Millisecond,
+			"kubelet-5000x200: p99 6.9 ms vs kube-apiserver 4.0 ms, ratio 1.73 (target <= kube-apiserver's + 3 ms, <= 7.0 ms): met."},
+		{"past 3 ms", 7100 * time.Microsecond, 4 * time.Millisecond,
+			"kubelet-5000x200: p99 7.1 ms vs kube-apiserver 4.0 ms, ratio 1.77 (target <= kube-apiserver's + 3 ms, <= 7.0 ms): **missed**."},
+		{"kube-apiserver past 100 ms: half", 90 * time.Millisecond, 150 * time.Millisecond,
+			"kubelet-5000x200: p99 90.0 ms vs kube-apiserver 150.0 ms, ratio 0.60 (target <= 0.5x where kube-apiserver's passes 100 ms, <= 75.0 ms): **missed**."},
+		{"kube-apiserver past 100 ms, halved", 70 * time.Millisecond, 150 * time.Millisecond,
+			"kubelet-5000x200: p99 70.0 ms vs kube-apiserver 150.0 ms, ratio 0.47 (target <= 0.5x where kube-apiserver's passes 100 ms, <= 75.0 ms): met."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rp := &loadgen.Report{Workloads: []loadgen.Workload{w},
+				Herald: map[string]*loadgen.Result{w.Name: run(tc.herald)}, Kube: map[string]*loadgen.Result{w.Name: run(tc.kube)}}
+			lines := targets(rp)
+			if !slices.Contains(lines, tc.want) {
+				t.Errorf("no target line %q:\n%s", tc.want, strings.Join(lines, "\n"))
+			}
+		})
+	}
+}
