@@ -234,6 +234,7 @@ func (rp *Report) Write(w io.Writer) {
 			p("- %s, every run (the table shows the median by p99, and the median CPU in its own row): %s.\n", sys.name, strings.Join(runs, "; "))
 		}
 		p("\n")
+		writeScaleOut(w, wl, h, k)
 	}
 	rp.writeMemory(w)
 	if len(rp.Notes) > 0 {

@@ -53,6 +53,14 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "watchers" {
+		// A child holding a share of a workload's watchers (loadgen.Runner.FleetArgv).
+		if err := loadgen.ServeWatchers(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "herald-load watchers:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	flag.StringVar(&o.kube, "kube-apiserver", "", "kube-apiserver binary for the baseline (empty: baseline not measured).")
 	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
@@ -148,6 +156,7 @@ func run(o options) error {
 		w("kubelet-1000x200", 1000, 200, true, 0),
 		protobuf(w("kubelet-1000x200", 1000, 200, true, 0)),
 	}
+	workloads = append(workloads, scaleOutWorkloads(o.kubeletDuration, o.warmup, o.settle, o.proto)...)
 	if o.only == "" {
 		o.only = "broadcast-1000x100,broadcast-1000x200,kubelet-5000x200,kubelet-5000x200-protobuf,daemonset-5000x200,broadcast-1000x100-h2mux"
 	}
@@ -165,15 +174,14 @@ func run(o options) error {
 	}
 	if o.replicas > 1 {
 		for i := range workloads {
+			if workloads[i].Replicas > 0 {
+				continue // its own
+			}
 			workloads[i].Name += fmt.Sprintf("-%dreplicas", o.replicas)
 			workloads[i].Replicas = o.replicas
 		}
 	}
-	maxWatchers := 0
-	for _, w := range workloads {
-		maxWatchers = max(maxWatchers, w.Watchers)
-	}
-	if err := raiseFileLimit(maxWatchers, log); err != nil {
+	if err := raiseFileLimit(localWatchers(workloads), log); err != nil {
 		return err
 	}
 	avail, err := loadgen.AvailableCPUs()
@@ -226,7 +234,7 @@ func run(o options) error {
 		fmt.Fprintf(&tf, "%s-controller-%d,controller-%d,controller-%d,\"system:masters\"\n", prefix, i, i, i)
 	}
 	fmt.Fprintf(&tf, "%s-daemonset,system:serviceaccount:kube-system:kube-proxy,kube-proxy,\"system:masters,system:serviceaccounts\"\n", prefix)
-	for i := range numKubelets {
+	for i := range nodeUsers(workloads, numKubelets) {
 		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
 	}
 	if err := os.WriteFile(tokenFile, tf.Bytes(), 0o600); err != nil {
@@ -244,11 +252,19 @@ func run(o options) error {
 	// The same pods, stored as JSON or as kube-apiserver stores them
 	// (protobuf), by workload.
 	jsonPods, protoPods := loadgen.NewPods(numPods, numKubelets), loadgen.NewProtobufPods(numPods, numKubelets)
+	scaledPods := podSets{}
 	podsOf := func(w loadgen.Workload) *loadgen.Pods {
+		if w.Nodes > 0 {
+			return scaledPods.get(w.Nodes, w.Nodes, w.Protobuf)
+		}
 		if w.Protobuf {
 			return protoPods
 		}
 		return jsonPods
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
 	}
 	pkiDir := filepath.Join(o.dir, "pki") // every Herald stack of the run uses it too
 	pki, err := stack.EnsurePKI(pkiDir)
@@ -286,12 +302,12 @@ func run(o options) error {
 	// loaded starts a host (mode "herald", on the etcd at etcdEndpoint or
 	// its own, or "etcd") in dir and loads pods (if any) into its etcd;
 	// stop stops both.
-	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, replicas int, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
 		var env []string
 		if mode == "herald" {
 			env = heraldEnv
 		}
-		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, o.replicas, env)
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, replicas, env)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -312,7 +328,8 @@ func run(o options) error {
 	}
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client)}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client),
+			FleetArgv: []string{self, "watchers"}, FleetDir: filepath.Join(o.dir, "watchers-"+w.Name)}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
@@ -326,7 +343,7 @@ func run(o options) error {
 	// heraldHost starts a fresh Herald in dir, with pods loaded. With
 	// -herald-etcd own, its etcd is a host of its own, started and loaded
 	// first as kube-apiserver's is; hosts names the host processes.
-	heraldHost := func(dir string, pods *loadgen.Pods) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
+	heraldHost := func(dir string, replicas int, pods *loadgen.Pods) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -334,17 +351,17 @@ func run(o options) error {
 			return nil, nil, nil, nil, err
 		}
 		if o.heraldEtcd == "shared" {
-			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", pods)
+			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", replicas, pods)
 			if err != nil {
 				return nil, nil, nil, nil, err
 			}
 			return info, []hostProc{{"etcd+nats", info}}, etcd, stop, nil
 		}
-		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", pods)
+		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", 1, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, nil)
+		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, replicas, nil)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -353,12 +370,14 @@ func run(o options) error {
 		return info, []hostProc{{"etcd", etcdInfo}, {"nats", info}}, etcd, func() { stopHerald(); stopEtcd() }, nil
 	}
 	heraldRun := func(w loadgen.Workload, round int) error {
-		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w))
+		replicas := heraldReplicas(w, o.replicas)
+		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), replicas, podsOf(w))
 		if err != nil {
 			return err
 		}
 		defer stop()
-		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops}
+		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops,
+			EtcdMetrics: []string{info.EtcdEndpoint}}
 		admins := map[string]string{}
 		for _, h := range hosts {
 			t.CPU = append(t.CPU, loadgen.NamedPid{Name: h.name, Pid: h.info.Pid})
@@ -371,7 +390,7 @@ func run(o options) error {
 		// (fanout: herald_fanout_watchers; frontdoor: its open pods
 		// watches).
 		var fanoutAdmins []string
-		for i := range o.replicas {
+		for i := range replicas {
 			for _, svc := range []struct{ name, metric, match string }{
 				{fmt.Sprintf("fanout-%d", i), "herald_fanout_watchers", ""},
 				{fmt.Sprintf("frontdoor-%d", i), "apiserver_longrunning_requests", `resource="pods"`},
@@ -439,7 +458,7 @@ func run(o options) error {
 	// kubeHost starts a fresh etcd in dir with pods (if any) loaded, and
 	// kube-apiserver on it with JSON or protobuf storage.
 	kubeHost := func(dir string, pods *loadgen.Pods, protobuf bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
-		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", pods)
+		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", 1, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -456,11 +475,21 @@ func run(o options) error {
 		}
 	}
 	kubeRun := func(w loadgen.Workload, round int) error {
-		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w), w.Protobuf)
+		dir := filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round))
+		info, etcd, k, stop, err := kubeHost(dir, podsOf(w), w.Protobuf)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		// More kube-apiservers on the same etcd, each with its own watch
+		// cache and etcd watches.
+		more, stopMore, err := startKubeReplicas(w.KubeReplicas, dir, func(dir string) (*loadgen.KubeAPIServer, error) {
+			return loadgen.StartKubeAPIServer(ctx, cpus, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, w.Protobuf, httpc)
+		})
+		if err != nil {
+			return err
+		}
+		defer stopMore()
 		t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin, Token: token(w),
 			CPU: []loadgen.NamedPid{{Name: "etcd", Pid: info.Pid}, {Name: "kube-apiserver", Pid: k.Pid()}},
 			Mem: []loadgen.MemProc{{Name: "kube-apiserver", Pid: k.Pid(), Heap: loadgen.HeapFromMetrics(httpc, k.URL, admin)}},
@@ -478,7 +507,11 @@ func run(o options) error {
 			Profile: func(ctx context.Context, d time.Duration) {
 				go profile(ctx, plain, "http://"+info.Admin, "", d, filepath.Join(profDir, w.Name+"-kube-etcd.pprof"))
 				go profile(ctx, httpc, k.URL, admin, d, filepath.Join(profDir, w.Name+"-kube-apiserver.pprof"))
-			}}
+			},
+			EtcdMetrics: []string{info.EtcdEndpoint}}
+		if len(more) > 0 {
+			scaleKubeTarget(t, append([]kubeReplica{{"kube-apiserver", k}}, more...), httpc, admin)
+		}
 		measure(t, etcd, w, rp.KubeRounds)
 		return nil
 	}
@@ -526,7 +559,7 @@ func run(o options) error {
 				rp.Memory = append(rp.Memory, m)
 			}
 			if want("herald") {
-				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil)
+				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), o.replicas, nil)
 				if err != nil {
 					return fmt.Errorf("herald: %w", err)
 				}
