@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -153,5 +154,35 @@ func TestFleetServesWatchers(t *testing.T) {
 	}
 	if ws, err := f.close(); ws != nil || err != nil {
 		t.Errorf("second close: %v, %v", ws, err)
+	}
+}
+
+// Memory per watch of every process together: the second half's growth
+// summed over the processes read at both points.
+func TestTotalPerWatcher(t *testing.T) {
+	heap, rss := totalPerWatcher(map[string]uint64{"a": 1000, "b": 2000}, map[string]uint64{"a": 3000, "b": 6000, "c": 9000},
+		map[string]uint64{"a": 10, "b": 10}, map[string]uint64{"a": 110, "b": 210, "c": 5}, 100)
+	if heap != 60 || rss != 3 {
+		t.Errorf("heap %v rss %v per watcher, want 60 and 3", heap, rss)
+	}
+	if heap, _ := totalPerWatcher(nil, nil, nil, nil, 100); heap != -1 {
+		t.Errorf("nothing read: %v, want -1", heap)
+	}
+}
+
+func TestReportScaleOut(t *testing.T) {
+	var b strings.Builder
+	wl := Workload{Name: "x", Replicas: 4, ScaleOutWorkload: ScaleOutWorkload{Procs: 4, KubeReplicas: 3}}
+	h := &Result{ScaleOut: ScaleOut{OpenTime: 12 * time.Second, ClientProcs: 4, HeapTotalPerWatcher: 8000, RSSTotalPerWatcher: -1, EtcdWatchStreams: 2, EtcdWatchers: 3}}
+	writeScaleOut(&b, wl, h, nil)
+	for _, want := range []string{"| time to open every watch (s, first to last, both halves) | 12.0 | not measured |", "| heap per watch, every server process (KB) | 8.0 |", "| RSS per watch, every server process (KB) | not measured |", "| etcd watchers | 3 |", "3 kube-apiserver replicas"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	writeScaleOut(&b, Workload{Name: "y"}, h, nil)
+	if b.Len() != 0 {
+		t.Errorf("a workload without scale-out writes %q", b.String())
 	}
 }

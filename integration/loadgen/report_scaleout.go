@@ -46,3 +46,11 @@ func kb(v float64) float64 {
 	}
 	return v / 1000
 }
+
+// kubeProcesses says how many kube-apiservers w runs.
+func kubeProcesses(w Workload) string {
+	if w.KubeReplicas > 1 {
+		return fmt.Sprintf("%d kube-apiservers on one etcd, watchers round-robin over them", w.KubeReplicas)
+	}
+	return "kube-apiserver one process"
+}

@@ -209,7 +209,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		return nil, err
 	}
 	rev0 := cur.Header.Revision
-	if err := WaitListRV(ctx, r.HTTP, t, rev0, 60*time.Second); err != nil {
+	if err := r.waitListed(ctx, rev0); err != nil {
 		return nil, err
 	}
 	if t.OpenWatches != nil {

@@ -104,3 +104,21 @@ func totalPerWatcher(heap0, heap1, rss0, rss1 map[string]uint64, added float64) 
 	}
 	return dh / added, dr / added
 }
+
+// waitListed waits until a LIST through every one of the target's
+// servers reflects rev: a replica whose cache lags would make a watch
+// from rev wait, or refuse it.
+func (r *Runner) waitListed(ctx context.Context, rev int64) error {
+	urls := r.Target.BaseURLs
+	if len(urls) == 0 {
+		urls = []string{r.Target.BaseURL}
+	}
+	for _, u := range urls {
+		t := *r.Target
+		t.BaseURL = u
+		if err := WaitListRV(ctx, r.HTTP, &t, rev, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
