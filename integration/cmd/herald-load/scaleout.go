@@ -23,8 +23,10 @@ func scaleOutWorkloads(kubeletDuration, warmup, settle time.Duration, proto stri
 	}
 	return []loadgen.Workload{
 		// 50,000 kubelets, one node each and a pod on every node: 4
-		// processes of 12,500 watchers each.
-		w("kubelet-50000x500-protobuf", 50000, 500, 50000, 4, 4),
+		// processes of 12,500 watchers each; 6 frontdoors, as a frontdoor
+		// holds at most 10,000 watches by default (-max-watches; fanout
+		// 20,000).
+		w("kubelet-50000x500-protobuf", 50000, 500, 50000, 4, 6),
 		// The same path at a scale a shared machine runs in a minute.
 		w("kubelet-2000x50-protobuf-scaleout", 2000, 50, 0, 2, 2),
 	}
