@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -47,9 +48,16 @@ func fleetShare(specs []watcherSpec, k, procs int) []watcherSpec {
 	return out
 }
 
-// fleetAddr is the source address child k dials from: 127.0.0.<k+2> (the
-// servers listen on 127.0.0.1, which every address of 127.0.0.0/8 reaches).
-func fleetAddr(k int) net.IP { return net.IPv4(127, 0, 0, byte(k+2)) }
+// fleetAddr is the source address child k dials from: 127.0.0.<k+2>, k
+// taken modulo 250 (the servers listen on 127.0.0.1, which every address
+// of 127.0.0.0/8 reaches).
+func fleetAddr(k int) net.IP { return net.IPv4(127, 0, 0, byte(k%250+2)) }
+
+// fleetNext is the first address (fleetAddr) the next fleet's children
+// take: each fleet of a run takes the next ones, so that a run's
+// connections do not wait for the ports the previous run's closed
+// connections hold in TIME_WAIT (a minute) on the same addresses.
+var fleetNext atomic.Int64
 
 // The fleet's protocol: the parent writes JSON values to a child's
 // standard input, a fleetSetup then fleetRequests, and the child answers
@@ -213,16 +221,17 @@ func startFleet(argv []string, logDir string, procs int, caFile string, w Worklo
 		}
 		ps = append(ps, p)
 	}
-	return setupFleet(ps, caFile, w, specs, rev0)
+	first := int(fleetNext.Add(int64(procs))) - procs
+	return setupFleet(ps, first, caFile, w, specs, rev0)
 }
 
-// setupFleet hands each of procs its share of specs and waits until every
-// one is ready.
-func setupFleet(procs []*fleetProc, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*fleet, error) {
+// setupFleet hands each of procs its share of specs, child k dialing from
+// fleetAddr(first+k), and waits until every one is ready.
+func setupFleet(procs []*fleetProc, first int, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*fleet, error) {
 	f := &fleet{specs: specs, procs: procs}
 	for k, p := range procs {
 		p.specs = fleetShare(specs, k, len(procs))
-		if err := p.enc.Encode(fleetSetup{CAFile: caFile, Workload: w, Local: fleetAddr(k).String(), Rev0: rev0, Specs: p.specs}); err != nil {
+		if err := p.enc.Encode(fleetSetup{CAFile: caFile, Workload: w, Local: fleetAddr(first + k).String(), Rev0: rev0, Specs: p.specs}); err != nil {
 			f.stop()
 			return nil, fmt.Errorf("watchers %d: %w", k, err)
 		}

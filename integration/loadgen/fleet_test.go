@@ -61,6 +61,9 @@ func TestCheckFleet(t *testing.T) {
 	if got := fleetAddr(0).String(); got != "127.0.0.2" {
 		t.Errorf("child 0 dials from %s, want 127.0.0.2", got)
 	}
+	if got := fleetAddr(251).String(); got != "127.0.0.3" {
+		t.Errorf("child 251 dials from %s, want 127.0.0.3 (wrapped)", got)
+	}
 }
 
 // The parent rebuilds each child's watchers at their indexes, as the
@@ -125,7 +128,7 @@ func TestFleetServesWatchers(t *testing.T) {
 	}
 	w := Workload{Watchers: 5, Kubelet: true}
 	specs := watcherSpecs(&Target{BaseURL: srv.URL, Token: func(int) string { return "token" }}, w, 5)
-	f, err := setupFleet(procs, ca, w, specs, 1)
+	f, err := setupFleet(procs, 0, ca, w, specs, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
