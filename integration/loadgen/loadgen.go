@@ -207,7 +207,7 @@ func WatchClients(caFile string, w Workload, n int) (clients []*http.Client, clo
 }
 
 // watchClients is WatchClients whose connections, when local is set, are
-// dialed from that address: each child process of a fleet dials from an
+// dialed from that address: each child process of a set dials from an
 // address of its own, so that their connections to one server port do
 // not share one address's ephemeral ports.
 func watchClients(caFile string, w Workload, n int, local net.IP) (clients []*http.Client, close func(), err error) {

@@ -175,10 +175,10 @@ type Runner struct {
 	// not pinned). A client busy on nearly all of them slows both systems'
 	// deliveries alike; Run warns and the report says how busy it was.
 	ClientCPUs int
-	// FleetArgv runs a child process that holds watchers (ServeWatchers),
-	// for workloads with Procs; its log goes to FleetDir.
-	FleetArgv []string
-	FleetDir  string
+	// WatcherProcArgv runs a child process that holds watchers (ServeWatchers),
+	// for workloads with Procs; its log goes to WatcherProcDir.
+	WatcherProcArgv []string
+	WatcherProcDir  string
 	children  []int // the current workload's watcher processes
 	next      int   // next pod to write
 }

@@ -11,7 +11,7 @@ import (
 // ephemeral ports), nor one server process serve.
 type ScaleOutWorkload struct {
 	// Procs, when > 0, spreads the watchers over that many child
-	// processes of the load client (Runner.FleetArgv), each dialing from a
+	// processes of the load client (Runner.WatcherProcArgv), each dialing from a
 	// source address of its own; 0: this process holds them.
 	Procs int `json:",omitempty"`
 	// Nodes, when > 0, is how many nodes (and pods, one each) the
@@ -49,10 +49,10 @@ func (r *Runner) watchSet(ctx context.Context, w Workload, specs []watcherSpec, 
 	if w.Procs == 0 {
 		return newLocalSet(ctx, r.Target.CAFile, w, specs, nil, rev0)
 	}
-	if len(r.FleetArgv) == 0 {
-		return nil, fmt.Errorf("workload %s: %d watcher processes, and no command to run them (Runner.FleetArgv)", w.Name, w.Procs)
+	if len(r.WatcherProcArgv) == 0 {
+		return nil, fmt.Errorf("workload %s: %d watcher processes, and no command to run them (Runner.WatcherProcArgv)", w.Name, w.Procs)
 	}
-	return startFleet(r.FleetArgv, r.FleetDir, w.Procs, r.Target.CAFile, w, specs, rev0)
+	return startWatcherProcs(r.WatcherProcArgv, r.WatcherProcDir, w.Procs, r.Target.CAFile, w, specs, rev0)
 }
 
 // etcdWatches reads the target's etcd watch streams and watchers into res.

@@ -35,7 +35,7 @@ func watcherSpecs(t *Target, w Workload, nodes int) []watcherSpec {
 }
 
 // watchSet holds a workload's watch streams, in this process (localSet) or
-// in child processes (fleet). Watchers are named by their index in the
+// in child processes (procSet). Watchers are named by their index in the
 // workload.
 type watchSet interface {
 	// open opens watchers from..to-1 and returns once each is open or has

@@ -54,7 +54,7 @@ func main() {
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "watchers" {
-		// A child holding a share of a workload's watchers (loadgen.Runner.FleetArgv).
+		// A child holding a share of a workload's watchers (loadgen.Runner.WatcherProcArgv).
 		if err := loadgen.ServeWatchers(context.Background(), os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "herald-load watchers:", err)
 			os.Exit(1)
@@ -329,7 +329,7 @@ func run(o options) error {
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
 		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client),
-			FleetArgv: []string{self, "watchers"}, FleetDir: filepath.Join(o.dir, "watchers-"+w.Name)}
+			WatcherProcArgv: []string{self, "watchers"}, WatcherProcDir: filepath.Join(o.dir, "watchers-"+w.Name)}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())

@@ -12,7 +12,7 @@ import (
 func TestScaleOutWorkloads(t *testing.T) {
 	ws := scaleOutWorkloads(time.Minute, 5*time.Second, 90*time.Second, "http1")
 	for _, w := range ws {
-		if err := loadgen.CheckFleet(w.Watchers, w.Procs); err != nil {
+		if err := loadgen.CheckWatcherProcs(w.Watchers, w.Procs); err != nil {
 			t.Errorf("%s: %v", w.Name, err)
 		}
 		if !w.Kubelet || !w.Protobuf || w.KubeReplicas != 3 || heraldReplicas(w, 1) < 2 {

@@ -16,29 +16,29 @@ import (
 	"time"
 )
 
-// MaxFleetShare is the most watchers one child process of a fleet holds:
+// MaxWatchersPerProc is the most watchers one child process of a set holds:
 // each is a connection, a descriptor in the child and an ephemeral port of
 // the child's source address, and a machine may allow a process 20,000
 // descriptors and an address about 28,000 ports.
-const MaxFleetShare = 15000
+const MaxWatchersPerProc = 15000
 
-// CheckFleet says whether procs child processes can hold watchers (procs
+// CheckWatcherProcs says whether procs child processes can hold watchers (procs
 // 0: this process holds them).
-func CheckFleet(watchers, procs int) error {
+func CheckWatcherProcs(watchers, procs int) error {
 	if procs < 0 || procs > 250 {
 		return fmt.Errorf("%d watcher processes: want 0 to 250 (one source address of 127.0.0.2-127.0.0.251 each)", procs)
 	}
-	if procs > 0 && (watchers+procs-1)/procs > MaxFleetShare {
-		return fmt.Errorf("%d watchers over %d processes: more than %d each", watchers, procs, MaxFleetShare)
+	if procs > 0 && (watchers+procs-1)/procs > MaxWatchersPerProc {
+		return fmt.Errorf("%d watchers over %d processes: more than %d each", watchers, procs, MaxWatchersPerProc)
 	}
 	return nil
 }
 
-// fleetShare is the share of child k of procs: the watchers whose index
+// procShare is the share of child k of procs: the watchers whose index
 // is k modulo procs, so that each half a run opens spreads over every
 // child, and a child's watchers over every server (watchURL is round-robin
 // too).
-func fleetShare(specs []watcherSpec, k, procs int) []watcherSpec {
+func procShare(specs []watcherSpec, k, procs int) []watcherSpec {
 	var out []watcherSpec
 	for _, sp := range specs {
 		if sp.I%procs == k {
@@ -48,22 +48,22 @@ func fleetShare(specs []watcherSpec, k, procs int) []watcherSpec {
 	return out
 }
 
-// fleetAddr is the source address child k dials from: 127.0.0.<k+2>, k
+// procAddr is the source address child k dials from: 127.0.0.<k+2>, k
 // taken modulo 250 (the servers listen on 127.0.0.1, which every address
 // of 127.0.0.0/8 reaches).
-func fleetAddr(k int) net.IP { return net.IPv4(127, 0, 0, byte(k%250+2)) }
+func procAddr(k int) net.IP { return net.IPv4(127, 0, 0, byte(k%250+2)) }
 
-// fleetNext is the first address (fleetAddr) the next fleet's children
-// take: each fleet of a run takes the next ones, so that a run's
+// procAddrNext is the first address (procAddr) the next set's children
+// take: each set of a run takes the next ones, so that a run's
 // connections do not wait for the ports the previous run's closed
 // connections hold in TIME_WAIT (a minute) on the same addresses.
-var fleetNext atomic.Int64
+var procAddrNext atomic.Int64
 
-// The fleet's protocol: the parent writes JSON values to a child's
-// standard input, a fleetSetup then fleetRequests, and the child answers
-// each with one fleetReply on its standard output. The child ends its
+// The watcher processes' protocol: the parent writes JSON values to a child's
+// standard input, a procSetup then procRequests, and the child answers
+// each with one procReply on its standard output. The child ends its
 // streams and exits when its standard input closes.
-type fleetSetup struct {
+type procSetup struct {
 	CAFile   string
 	Workload Workload
 	Local    string // source address
@@ -71,14 +71,14 @@ type fleetSetup struct {
 	Specs    []watcherSpec
 }
 
-type fleetRequest struct {
+type procRequest struct {
 	Op       string        // "open", "drain" or "close"
 	From, To int           // open
 	Want     map[int]int64 `json:",omitempty"` // drain: last revision expected, by watcher
 	Until    int64         `json:",omitempty"` // drain: Unix nanoseconds
 }
 
-type fleetReply struct {
+type procReply struct {
 	Failed   int
 	FirstErr string          `json:",omitempty"`
 	LastAt   int64           `json:",omitempty"`
@@ -133,26 +133,26 @@ func mergeRecords(n int, specs []watcherSpec, children [][]watcherRecord) ([]*wa
 	return ws, nil
 }
 
-// ServeWatchers is a fleet's child: it reads a fleetSetup and then
+// ServeWatchers is a child of a set of watcher processes: it reads a procSetup and then
 // requests from in, holds its watchers in this process, and answers on
 // out, until in closes.
 func ServeWatchers(ctx context.Context, in io.Reader, out io.Writer) error {
 	dec, enc := json.NewDecoder(in), json.NewEncoder(out)
-	var setup fleetSetup
+	var setup procSetup
 	if err := dec.Decode(&setup); err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
 	set, err := newLocalSet(ctx, setup.CAFile, setup.Workload, setup.Specs, net.ParseIP(setup.Local), setup.Rev0)
 	if err != nil {
-		enc.Encode(fleetReply{Err: err.Error()})
+		enc.Encode(procReply{Err: err.Error()})
 		return err
 	}
 	defer set.close()
-	if err := enc.Encode(fleetReply{}); err != nil {
+	if err := enc.Encode(procReply{}); err != nil {
 		return err
 	}
 	for {
-		var req fleetRequest
+		var req procRequest
 		if err := dec.Decode(&req); err == io.EOF {
 			return nil
 		} else if err != nil {
@@ -164,14 +164,14 @@ func ServeWatchers(ctx context.Context, in io.Reader, out io.Writer) error {
 	}
 }
 
-func serveRequest(set *localSet, req fleetRequest) fleetReply {
+func serveRequest(set *localSet, req procRequest) procReply {
 	switch req.Op {
 	case "open":
 		failed, first, _ := set.open(req.From, req.To)
-		return fleetReply{Failed: failed, FirstErr: first}
+		return procReply{Failed: failed, FirstErr: first}
 	case "drain":
 		lastAt, _ := set.drain(func(i int) int64 { return req.Want[i] }, time.Unix(0, req.Until))
-		return fleetReply{LastAt: lastAt}
+		return procReply{LastAt: lastAt}
 	case "close":
 		ws, _ := set.close()
 		var recs []watcherRecord
@@ -180,22 +180,22 @@ func serveRequest(set *localSet, req fleetRequest) fleetReply {
 				recs = append(recs, recordOf(set.specs[k].I, x))
 			}
 		}
-		return fleetReply{Watchers: recs}
+		return procReply{Watchers: recs}
 	}
-	return fleetReply{Err: fmt.Sprintf("unknown request %q", req.Op)}
+	return procReply{Err: fmt.Sprintf("unknown request %q", req.Op)}
 }
 
-// fleet holds a workload's watchers in child processes, each from a
-// source address of its own (fleetAddr).
-type fleet struct {
+// procSet holds a workload's watchers in child processes, each from a
+// source address of its own (procAddr).
+type procSet struct {
 	specs  []watcherSpec
-	procs  []*fleetProc
+	procs  []*watcherProc
 	closed bool
 }
 
-// fleetProc is one child: its standard input and output, and how to wait
+// watcherProc is one child: its standard input and output, and how to wait
 // for it to exit (and kill it).
-type fleetProc struct {
+type watcherProc struct {
 	pid   int
 	wait  func() error
 	kill  func() error
@@ -205,45 +205,45 @@ type fleetProc struct {
 	specs []watcherSpec
 }
 
-// startFleet starts procs children (argv: this program's watchers
+// startWatcherProcs starts procs children (argv: this program's watchers
 // command), each logging to logDir/watchers-<k>.log, and hands each its
 // share of specs.
-func startFleet(argv []string, logDir string, procs int, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*fleet, error) {
-	if err := CheckFleet(len(specs), procs); err != nil {
+func startWatcherProcs(argv []string, logDir string, procs int, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*procSet, error) {
+	if err := CheckWatcherProcs(len(specs), procs); err != nil {
 		return nil, err
 	}
-	var ps []*fleetProc
+	var ps []*watcherProc
 	for k := range procs {
-		p, err := startFleetProc(argv, filepath.Join(logDir, fmt.Sprintf("watchers-%d.log", k)))
+		p, err := startWatcherProc(argv, filepath.Join(logDir, fmt.Sprintf("watchers-%d.log", k)))
 		if err != nil {
-			(&fleet{procs: ps}).stop()
+			(&procSet{procs: ps}).stop()
 			return nil, err
 		}
 		ps = append(ps, p)
 	}
-	first := int(fleetNext.Add(int64(procs))) - procs
-	return setupFleet(ps, first, caFile, w, specs, rev0)
+	first := int(procAddrNext.Add(int64(procs))) - procs
+	return setupWatcherProcs(ps, first, caFile, w, specs, rev0)
 }
 
-// setupFleet hands each of procs its share of specs, child k dialing from
-// fleetAddr(first+k), and waits until every one is ready.
-func setupFleet(procs []*fleetProc, first int, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*fleet, error) {
-	f := &fleet{specs: specs, procs: procs}
+// setupWatcherProcs hands each of procs its share of specs, child k dialing from
+// procAddr(first+k), and waits until every one is ready.
+func setupWatcherProcs(procs []*watcherProc, first int, caFile string, w Workload, specs []watcherSpec, rev0 int64) (*procSet, error) {
+	f := &procSet{specs: specs, procs: procs}
 	for k, p := range procs {
-		p.specs = fleetShare(specs, k, len(procs))
-		if err := p.enc.Encode(fleetSetup{CAFile: caFile, Workload: w, Local: fleetAddr(first + k).String(), Rev0: rev0, Specs: p.specs}); err != nil {
+		p.specs = procShare(specs, k, len(procs))
+		if err := p.enc.Encode(procSetup{CAFile: caFile, Workload: w, Local: procAddr(first + k).String(), Rev0: rev0, Specs: p.specs}); err != nil {
 			f.stop()
 			return nil, fmt.Errorf("watchers %d: %w", k, err)
 		}
 	}
-	if _, err := f.each(func(*fleetProc) *fleetRequest { return nil }); err != nil {
+	if _, err := f.each(func(*watcherProc) *procRequest { return nil }); err != nil {
 		f.stop()
 		return nil, err
 	}
 	return f, nil
 }
 
-func startFleetProc(argv []string, logFile string) (*fleetProc, error) {
+func startWatcherProc(argv []string, logFile string) (*watcherProc, error) {
 	if err := os.MkdirAll(filepath.Dir(logFile), 0o755); err != nil {
 		return nil, err
 	}
@@ -266,17 +266,17 @@ func startFleetProc(argv []string, logFile string) (*fleetProc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return newFleetProc(cmd.Process.Pid, in, out, cmd.Wait, cmd.Process.Kill), nil
+	return newWatcherProc(cmd.Process.Pid, in, out, cmd.Wait, cmd.Process.Kill), nil
 }
 
-func newFleetProc(pid int, in io.WriteCloser, out io.Reader, wait, kill func() error) *fleetProc {
-	return &fleetProc{pid: pid, wait: wait, kill: kill, in: in, enc: json.NewEncoder(in), dec: json.NewDecoder(out)}
+func newWatcherProc(pid int, in io.WriteCloser, out io.Reader, wait, kill func() error) *watcherProc {
+	return &watcherProc{pid: pid, wait: wait, kill: kill, in: in, enc: json.NewEncoder(in), dec: json.NewDecoder(out)}
 }
 
 // each sends every child its request (nil: none, only read a reply) at
 // once and returns their replies in order.
-func (f *fleet) each(req func(p *fleetProc) *fleetRequest) ([]fleetReply, error) {
-	replies := make([]fleetReply, len(f.procs))
+func (f *procSet) each(req func(p *watcherProc) *procRequest) ([]procReply, error) {
+	replies := make([]procReply, len(f.procs))
 	errs := make([]error, len(f.procs))
 	var wg sync.WaitGroup
 	for k, p := range f.procs {
@@ -305,8 +305,8 @@ func (f *fleet) each(req func(p *fleetProc) *fleetRequest) ([]fleetReply, error)
 	return replies, nil
 }
 
-func (f *fleet) open(from, to int) (failed int, firstErr string, err error) {
-	replies, err := f.each(func(*fleetProc) *fleetRequest { return &fleetRequest{Op: "open", From: from, To: to} })
+func (f *procSet) open(from, to int) (failed int, firstErr string, err error) {
+	replies, err := f.each(func(*watcherProc) *procRequest { return &procRequest{Op: "open", From: from, To: to} })
 	for _, r := range replies {
 		failed += r.Failed
 		if firstErr == "" {
@@ -316,15 +316,15 @@ func (f *fleet) open(from, to int) (failed int, firstErr string, err error) {
 	return failed, firstErr, err
 }
 
-func (f *fleet) drain(want func(i int) int64, until time.Time) (int64, error) {
-	replies, err := f.each(func(p *fleetProc) *fleetRequest {
+func (f *procSet) drain(want func(i int) int64, until time.Time) (int64, error) {
+	replies, err := f.each(func(p *watcherProc) *procRequest {
 		m := map[int]int64{}
 		for _, sp := range p.specs {
 			if e := want(sp.I); e > 0 {
 				m[sp.I] = e
 			}
 		}
-		return &fleetRequest{Op: "drain", Want: m, Until: until.UnixNano()}
+		return &procRequest{Op: "drain", Want: m, Until: until.UnixNano()}
 	})
 	var lastAt int64
 	for _, r := range replies {
@@ -335,11 +335,11 @@ func (f *fleet) drain(want func(i int) int64, until time.Time) (int64, error) {
 
 // close ends every child's streams, collects what each watcher received
 // and stops the children; a second close returns nothing.
-func (f *fleet) close() ([]*watcher, error) {
+func (f *procSet) close() ([]*watcher, error) {
 	if f.closed {
 		return nil, nil
 	}
-	replies, err := f.each(func(*fleetProc) *fleetRequest { return &fleetRequest{Op: "close"} })
+	replies, err := f.each(func(*watcherProc) *procRequest { return &procRequest{Op: "close"} })
 	f.stop()
 	if err != nil {
 		return nil, err
@@ -353,7 +353,7 @@ func (f *fleet) close() ([]*watcher, error) {
 
 // stop closes every child's standard input and waits for it to exit,
 // killing it after 30 s.
-func (f *fleet) stop() {
+func (f *procSet) stop() {
 	f.closed = true
 	for _, p := range f.procs {
 		p.in.Close()
@@ -370,7 +370,7 @@ func (f *fleet) stop() {
 	}
 }
 
-func (f *fleet) pids() []int {
+func (f *procSet) pids() []int {
 	var out []int
 	for _, p := range f.procs {
 		out = append(out, p.pid)

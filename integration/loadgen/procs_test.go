@@ -19,12 +19,12 @@ import (
 
 // Every watcher goes to exactly one child, children's shares differ by at
 // most one, and each half of the watchers spreads over every child.
-func TestFleetShare(t *testing.T) {
+func TestProcShare(t *testing.T) {
 	specs := watcherSpecs(&Target{BaseURLs: []string{"a", "b"}, Token: func(i int) string { return fmt.Sprint("t", i) }},
 		Workload{Watchers: 10, Kubelet: true}, 5)
 	seen := map[int]int{}
 	for k := range 3 {
-		share := fleetShare(specs, k, 3)
+		share := procShare(specs, k, 3)
 		if n := len(share); n < 3 || n > 4 {
 			t.Errorf("child %d holds %d of 10", k, n)
 		}
@@ -49,19 +49,19 @@ func TestFleetShare(t *testing.T) {
 	}
 }
 
-func TestCheckFleet(t *testing.T) {
+func TestCheckWatcherProcs(t *testing.T) {
 	for _, tc := range []struct {
 		watchers, procs int
 		ok              bool
 	}{{50000, 4, true}, {50000, 3, false}, {2000, 2, true}, {5000, 0, true}, {10, 251, false}} {
-		if err := CheckFleet(tc.watchers, tc.procs); (err == nil) != tc.ok {
-			t.Errorf("CheckFleet(%d, %d) = %v, want ok %v", tc.watchers, tc.procs, err, tc.ok)
+		if err := CheckWatcherProcs(tc.watchers, tc.procs); (err == nil) != tc.ok {
+			t.Errorf("CheckWatcherProcs(%d, %d) = %v, want ok %v", tc.watchers, tc.procs, err, tc.ok)
 		}
 	}
-	if got := fleetAddr(0).String(); got != "127.0.0.2" {
+	if got := procAddr(0).String(); got != "127.0.0.2" {
 		t.Errorf("child 0 dials from %s, want 127.0.0.2", got)
 	}
-	if got := fleetAddr(251).String(); got != "127.0.0.3" {
+	if got := procAddr(251).String(); got != "127.0.0.3" {
 		t.Errorf("child 251 dials from %s, want 127.0.0.3 (wrapped)", got)
 	}
 }
@@ -93,7 +93,7 @@ func TestMergeRecords(t *testing.T) {
 
 // Two children, each holding its share from its own source address, open,
 // drain and report what every watcher received.
-func TestFleetServesWatchers(t *testing.T) {
+func TestWatcherProcsServeWatchers(t *testing.T) {
 	var mu sync.Mutex
 	sources := map[string]int{}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -114,7 +114,7 @@ func TestFleetServesWatchers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var procs []*fleetProc
+	var procs []*watcherProc
 	for range 2 {
 		inR, inW := io.Pipe()
 		outR, outW := io.Pipe()
@@ -124,11 +124,11 @@ func TestFleetServesWatchers(t *testing.T) {
 			outW.Close()
 			done <- err
 		}()
-		procs = append(procs, newFleetProc(0, inW, outR, func() error { return <-done }, func() error { return nil }))
+		procs = append(procs, newWatcherProc(0, inW, outR, func() error { return <-done }, func() error { return nil }))
 	}
 	w := Workload{Watchers: 5, Kubelet: true}
 	specs := watcherSpecs(&Target{BaseURL: srv.URL, Token: func(int) string { return "token" }}, w, 5)
-	f, err := setupFleet(procs, 0, ca, w, specs, 1)
+	f, err := setupWatcherProcs(procs, 0, ca, w, specs, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
