@@ -179,8 +179,8 @@ type Runner struct {
 	// for workloads with Procs; its log goes to WatcherProcDir.
 	WatcherProcArgv []string
 	WatcherProcDir  string
-	children  []int // the current workload's watcher processes
-	next      int   // next pod to write
+	children        []int // the current workload's watcher processes
+	next            int   // next pod to write
 }
 
 // Run runs one workload: open the watchers idle (memory), write for
