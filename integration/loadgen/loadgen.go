@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -81,7 +82,8 @@ type Workload struct {
 	Protobuf bool
 	// Replicas, when > 1, is how many fanout and how many frontdoor
 	// processes Herald runs (the watchers spread round-robin over the
-	// frontdoors, Target.BaseURLs); kube-apiserver stays one process.
+	// frontdoors, Target.BaseURLs); kube-apiserver stays one process
+	// unless KubeReplicas says otherwise.
 	Replicas int
 	// Fleet is the shape of a fleet of clients deployed with one
 	// credential: every watcher presents the same bearer token, of
@@ -93,6 +95,7 @@ type Workload struct {
 	// per idle watcher or idle CPU measured in between (their pauses and
 	// forced GCs would stand between the opening and the writes).
 	Fleet bool
+	ScaleOutWorkload
 }
 
 // Encoding names the workload's storage and wire encoding, for reports.
@@ -157,6 +160,9 @@ type Target struct {
 	// pods (kube-apiserver: watch_cache_capacity), read when the
 	// watchers open.
 	History func(ctx context.Context) (float64, error)
+	// EtcdMetrics: the base URLs of the etcd members whose /metrics count
+	// the target's watch streams and watchers on etcd (optional).
+	EtcdMetrics []string
 }
 
 // NamedPid is a process to account CPU for.
@@ -207,6 +213,14 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 // connection (w.Proto), which its resumes reuse as client-go's would. close
 // closes every connection.
 func WatchClients(caFile string, w Workload, n int) (clients []*http.Client, close func(), err error) {
+	return watchClients(caFile, w, n, nil)
+}
+
+// watchClients is WatchClients whose connections, when local is set, are
+// dialed from that address: each child process of a set dials from an
+// address of its own, so that their connections to one server port do
+// not share one address's ephemeral ports.
+func watchClients(caFile string, w Workload, n int, local net.IP) (clients []*http.Client, close func(), err error) {
 	pool, err := service.LoadCertPool(caFile)
 	if err != nil {
 		return nil, nil, err
@@ -218,12 +232,16 @@ func WatchClients(caFile string, w Workload, n int) (clients []*http.Client, clo
 		} else {
 			p.SetHTTP1(true)
 		}
-		return &http.Client{Transport: &http.Transport{
+		tr := &http.Transport{
 			TLSClientConfig:     &tls.Config{RootCAs: pool},
 			Protocols:           p,
 			MaxIdleConnsPerHost: 1,
 			DisableCompression:  true,
-		}}
+		}
+		if local != nil {
+			tr.DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: local}, Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		}
+		return &http.Client{Transport: tr}
 	}
 	clients = make([]*http.Client, n)
 	for i := range clients {

@@ -139,7 +139,7 @@ func (rp *Report) Write(w io.Writer) {
 		}
 		conns := wl.Connections()
 		if wl.Replicas > 1 {
-			conns += fmt.Sprintf(", Herald with %d fanout and %d frontdoor replicas (watchers round-robin over the frontdoors; kube-apiserver one process)", wl.Replicas, wl.Replicas)
+			conns += fmt.Sprintf(", Herald with %d fanout and %d frontdoor replicas (watchers round-robin over the frontdoors; %s)", wl.Replicas, wl.Replicas, kubeProcesses(wl))
 		}
 		p("### %s: %d %s watchers, %s, %s storage and clients, %d writes/s for %s (settled %s before the watchers opened, %s %s)\n\n", wl.Name, wl.Watchers, kind, conns, wl.Encoding(), wl.WritesPerSec, wl.Duration, wl.Settle, wl.Warmup, warmup)
 		p("| | Herald | kube-apiserver | ratio |\n|---|---:|---:|---:|\n")
@@ -246,6 +246,7 @@ func (rp *Report) Write(w io.Writer) {
 			p("- %s, every run (the table shows the median by p99, and the median CPU in its own row): %s.\n", sys.name, strings.Join(runs, "; "))
 		}
 		p("\n")
+		writeScaleOut(w, wl, h, k)
 	}
 	rp.writeMemory(w)
 	if len(rp.Notes) > 0 {

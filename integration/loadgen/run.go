@@ -1,13 +1,13 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -84,6 +84,7 @@ type Result struct {
 	// writes, in bytes (the JSON as it arrived, without HTTP or TLS
 	// framing).
 	Bytes int64
+	ScaleOut
 }
 
 // BytesPerEvent is the average event line the watchers received.
@@ -174,7 +175,12 @@ type Runner struct {
 	// not pinned). A client busy on nearly all of them slows both systems'
 	// deliveries alike; Run warns and the report says how busy it was.
 	ClientCPUs int
-	next       int // next pod to write
+	// WatcherProcArgv runs a child process that holds watchers (ServeWatchers),
+	// for workloads with Procs; its log goes to WatcherProcDir.
+	WatcherProcArgv []string
+	WatcherProcDir  string
+	children        []int // the current workload's watcher processes
+	next            int   // next pod to write
 }
 
 // Run runs one workload: open the watchers idle (memory), write for
@@ -203,7 +209,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		return nil, err
 	}
 	rev0 := cur.Header.Revision
-	if err := WaitListRV(ctx, r.HTTP, t, rev0, 60*time.Second); err != nil {
+	if err := r.waitListed(ctx, rev0); err != nil {
 		return nil, err
 	}
 	if t.OpenWatches != nil {
@@ -235,51 +241,26 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		}
 	}
 
-	clients, closeClients, err := WatchClients(t.CAFile, w, w.Watchers)
+	// Open the watchers, 64 at a time (in each process holding them), in
+	// two halves: memory per idle watcher is what the second half adds
+	// (see below).
+	specs := watcherSpecs(t, w, r.Pods.Nodes)
+	set, err := r.watchSet(ctx, w, specs, rev0)
 	if err != nil {
 		return nil, err
 	}
-	defer closeClients()
-	// Open the watchers, 64 at a time, in two halves: memory per idle
-	// watcher is what the second half adds (see below).
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ws := make([]*watcher, w.Watchers)
-	sem := make(chan struct{}, 64)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	deadline := time.Now().Add(2 * time.Minute)
+	defer set.close()
+	r.children = set.pids()
+	res.ClientProcs = len(r.children)
 	openStart := time.Now()
+	var openErr error
 	open := func(from, to int) {
-		for i := from; i < to; i++ {
-			ws[i] = &watcher{node: -1, protobuf: w.Protobuf, done: make(chan struct{})}
-			if w.Kubelet {
-				// Spread over every node, so that a reduced-scale run's
-				// watchers see events too.
-				ws[i].node = i * r.Pods.Nodes / w.Watchers
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				base := t.watchURL(i)
-				resp, err := ws[i].open(wctx, clients[i], base, t.Token(i), rev0, deadline)
-				<-sem
-				if err != nil {
-					mu.Lock()
-					res.OpenFailures++
-					if res.FirstError == "" {
-						res.FirstError = err.Error()
-					}
-					mu.Unlock()
-					ws[i].err, ws[i].openFailed = err, true
-					close(ws[i].done)
-					return
-				}
-				go ws[i].run(wctx, clients[i], base, t.Token(i), rev0, resp.Body)
-			}()
+		failed, first, err := set.open(from, to)
+		res.OpenFailures += failed
+		if res.FirstError == "" {
+			res.FirstError = first
 		}
-		wg.Wait()
+		openErr = cmp.Or(openErr, err)
 	}
 	// Memory per idle watcher is the slope: the growth from half the
 	// watchers open to all of them, over the watchers the second half
@@ -293,6 +274,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	}
 	open(0, half)
 	took := time.Since(openStart)
+	failedFirst := res.OpenFailures
 	heapHalf, rssHalf := heap0, rss0
 	heldHalf := map[string]float64{}
 	for name := range heap0 {
@@ -306,6 +288,10 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 	secondStart := time.Now()
 	open(half, w.Watchers)
 	took += time.Since(secondStart)
+	if openErr != nil {
+		return nil, openErr
+	}
+	res.OpenTime = took
 	res.Watchers = w.Watchers - res.OpenFailures
 	r.Log.Info("watchers open", "target", t.Name, "workload", w.Name, "connections", w.Connections(), "open", res.Watchers, "failed", res.OpenFailures, "took", took.Round(time.Millisecond))
 	var heap1, rss1 map[string]uint64
@@ -314,6 +300,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		time.Sleep(3 * time.Second) // let the servers settle
 		heap1, rss1 = r.memory(ctx)
 		held = r.held(ctx, res.Watchers)
+		r.etcdWatches(ctx, res)
 		if t.IdleProfile != nil {
 			t.IdleProfile(ctx)
 		}
@@ -334,6 +321,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		res.HeapPerWatcher[name] = (float64(h) - float64(hh)) / added
 		res.RSSPerWatcher[name] = (float64(rss1[name]) - float64(rssHalf[name])) / added
 	}
+	res.HeapTotalPerWatcher, res.RSSTotalPerWatcher = totalPerWatcher(heapHalf, heap1, rssHalf, rss1, float64(res.Watchers-(half-failedFirst)))
 
 	if r.Idle > 0 && !w.Fleet {
 		c0 := r.cpu()
@@ -396,30 +384,22 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 			byNode[n] = append(byNode[n], wr.Rev)
 		}
 	}
-	expect := func(x *watcher) []int64 {
-		if x.node < 0 {
+	expect := func(node int) []int64 {
+		if node < 0 {
 			return all
 		}
-		return byNode[x.node]
+		return byNode[node]
 	}
-	drainEnd := time.Now().Add(15 * time.Second)
-	for time.Now().Before(drainEnd) {
-		behind := 0
-		for _, x := range ws {
-			if e := expect(x); len(e) > 0 && x.last.Load() < e[len(e)-1] && !closed(x.done) {
-				behind++
-			}
+	lastAt, err := set.drain(func(i int) int64 {
+		if e := expect(specs[i].Node); len(e) > 0 {
+			return e[len(e)-1]
 		}
-		if behind == 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		return 0
+	}, time.Now().Add(15*time.Second))
+	if err != nil {
+		return nil, err
 	}
 	end := time.Now()
-	var lastAt int64
-	for _, x := range ws {
-		lastAt = max(lastAt, x.lastAt.Load())
-	}
 	if lastAt > start.UnixNano() {
 		end = time.Unix(0, lastAt)
 	}
@@ -493,9 +473,9 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 			res.Terminated = -1
 		}
 	}
-	cancel()
-	for _, x := range ws {
-		<-x.done
+	ws, err := set.close()
+	if err != nil {
+		return nil, err
 	}
 
 	// Check every watcher against the writes it should have seen.
@@ -505,6 +485,9 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 		from = all[0]
 	}
 	for _, x := range ws {
+		if x == nil {
+			continue // never opened: the run ended early
+		}
 		// Only the measured writes count; drop the warm-up's events.
 		i := 0
 		for i < len(x.revs) && x.revs[i] < from {
@@ -521,7 +504,7 @@ func (r *Runner) Run(ctx context.Context, w Workload) (*Result, error) {
 			}
 		}
 		res.Resumes += x.resumes
-		e := expect(x)
+		e := expect(x.node)
 		res.Expected += len(e)
 		res.Deliveries += len(x.revs)
 		miss, dup, unexp := compare(e, x.revs)
@@ -596,6 +579,13 @@ func (r *Runner) cpu() map[string]float64 {
 		out[p.Name] = v
 	}
 	out["client"], _ = CPUMillis(os.Getpid())
+	for _, pid := range r.children {
+		v, err := CPUMillis(pid)
+		if err != nil {
+			r.Log.Warn("cpu", "process", "watchers", "pid", pid, "err", err)
+		}
+		out["client"] += v
+	}
 	return out
 }
 

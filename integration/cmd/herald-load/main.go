@@ -55,6 +55,14 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "watchers" {
+		// A child holding a share of a workload's watchers (loadgen.Runner.WatcherProcArgv).
+		if err := loadgen.ServeWatchers(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "herald-load watchers:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	flag.StringVar(&o.kube, "kube-apiserver", "", "kube-apiserver binary for the baseline (empty: baseline not measured).")
 	flag.StringVar(&o.binDir, "bin-dir", "", "Herald service binaries (empty: built into a temporary directory).")
@@ -126,8 +134,8 @@ func fleetWorkloads(proto string, settle time.Duration) []loadgen.Workload {
 // per user, every one in system:masters (broadcast: 10 controllers;
 // kubelet-like: one per node; a DaemonSet's ServiceAccount), but for the
 // fleet's (prefix-fleet), whose user is authorized by RBAC only
-// (Workload.Fleet).
-func tokenLines(prefix string) []byte {
+// (Workload.Fleet); nodes node users (nodeUsers).
+func tokenLines(prefix string, nodes int) []byte {
 	var tf bytes.Buffer
 	fmt.Fprintf(&tf, "%s-admin,herald-admin,herald-admin,\"system:masters\"\n", prefix)
 	for i := range numUsers {
@@ -135,7 +143,7 @@ func tokenLines(prefix string) []byte {
 	}
 	fmt.Fprintf(&tf, "%s-daemonset,system:serviceaccount:kube-system:kube-proxy,kube-proxy,\"system:masters,system:serviceaccounts\"\n", prefix)
 	fmt.Fprintf(&tf, "%s-fleet,%s,%s,\"%s\"\n", prefix, loadgen.FleetUser, loadgen.FleetUser, loadgen.FleetGroup)
-	for i := range numKubelets {
+	for i := range nodes {
 		fmt.Fprintf(&tf, "%s-node-%d,system:node:node-%d,node-%d,\"system:masters\"\n", prefix, i, i, i)
 	}
 	return tf.Bytes()
@@ -214,6 +222,7 @@ func run(o options) error {
 		protobuf(w("kubelet-1000x200", 1000, 200, true, 0)),
 	}
 	workloads = append(workloads, fleetWorkloads(o.proto, o.settle)...)
+	workloads = append(workloads, scaleOutWorkloads(o.kubeletDuration, o.warmup, o.settle, o.proto)...)
 	if o.only == "" {
 		o.only = defaultWorkloads
 	}
@@ -231,15 +240,14 @@ func run(o options) error {
 	}
 	if o.replicas > 1 {
 		for i := range workloads {
+			if workloads[i].Replicas > 0 {
+				continue // its own
+			}
 			workloads[i].Name += fmt.Sprintf("-%dreplicas", o.replicas)
 			workloads[i].Replicas = o.replicas
 		}
 	}
-	maxWatchers := 0
-	for _, w := range workloads {
-		maxWatchers = max(maxWatchers, w.Watchers)
-	}
-	if err := raiseFileLimit(maxWatchers, log); err != nil {
+	if err := raiseFileLimit(localWatchers(workloads), log); err != nil {
 		return err
 	}
 	avail, err := loadgen.AvailableCPUs()
@@ -284,7 +292,7 @@ func run(o options) error {
 	prefix := hex.EncodeToString(run)
 	tokenFile := filepath.Join(o.dir, "tokens.csv")
 	admin, fleetToken := prefix+"-admin", prefix+"-fleet"
-	if err := os.WriteFile(tokenFile, tokenLines(prefix), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, tokenLines(prefix, nodeUsers(workloads, numKubelets)), 0o600); err != nil {
 		return err
 	}
 	// The fleet's grant, for Herald's frontdoor; kube-apiserver gets the
@@ -308,11 +316,19 @@ func run(o options) error {
 	// The same pods, stored as JSON or as kube-apiserver stores them
 	// (protobuf), by workload.
 	jsonPods, protoPods := loadgen.NewPods(numPods, numKubelets), loadgen.NewProtobufPods(numPods, numKubelets)
+	scaledPods := podSets{}
 	podsOf := func(w loadgen.Workload) *loadgen.Pods {
+		if w.Nodes > 0 {
+			return scaledPods.get(w.Nodes, w.Nodes, w.Protobuf)
+		}
 		if w.Protobuf {
 			return protoPods
 		}
 		return jsonPods
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
 	}
 	pkiDir := filepath.Join(o.dir, "pki") // every Herald stack of the run uses it too
 	pki, err := stack.EnsurePKI(pkiDir)
@@ -350,12 +366,12 @@ func run(o options) error {
 	// loaded starts a host (mode "herald", on the etcd at etcdEndpoint or
 	// its own, or "etcd") in dir and loads pods (if any) into its etcd;
 	// stop stops both.
-	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, ho loadgen.HostOptions, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
+	loaded := func(mode, dir, binDir, tokens, etcdEndpoint string, replicas int, ho loadgen.HostOptions, pods *loadgen.Pods) (info *loadgen.HostInfo, etcd *clientv3.Client, stop func(), err error) {
 		var env []string
 		if mode == "herald" {
 			env = heraldEnv
 		}
-		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, o.replicas, ho, env)
+		h, info, err := startHost(ctx, cpus, mode, dir, binDir, tokens, etcdEndpoint, replicas, ho, env)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -376,7 +392,8 @@ func run(o options) error {
 	}
 	// measure runs w against t and adds the result to rounds.
 	measure := func(t *loadgen.Target, etcd *clientv3.Client, w loadgen.Workload, rounds map[string][]*loadgen.Result) {
-		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client)}
+		r := &loadgen.Runner{Target: t, HTTP: httpc, Etcd: etcd, Pods: podsOf(w), Log: log, Metrics: plain, Idle: o.idle, IdleAfter: o.idleAfter, ClientCPUs: len(cpus.Client),
+			WatcherProcArgv: []string{self, "watchers"}, WatcherProcDir: filepath.Join(o.dir, "watchers-"+w.Name)}
 		res, err := r.Run(ctx, w)
 		if res != nil {
 			log.Info(res.String())
@@ -391,7 +408,7 @@ func run(o options) error {
 	// -herald-etcd own, its etcd is a host of its own, started and loaded
 	// first as kube-apiserver's is; hosts names the host processes. Its
 	// frontdoors authorize with the manifests in rbacDir (if set).
-	heraldHost := func(dir string, pods *loadgen.Pods, rbacDir string) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
+	heraldHost := func(dir string, replicas int, pods *loadgen.Pods, rbacDir string) (info *loadgen.HostInfo, hosts []hostProc, etcd *clientv3.Client, stop func(), err error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -400,17 +417,17 @@ func run(o options) error {
 		}
 		ho := loadgen.HostOptions{RBACDir: rbacDir, SysmonAwake: awake.herald}
 		if o.heraldEtcd == "shared" {
-			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", ho, pods)
+			info, etcd, stop, err = loaded("herald", dir, o.binDir, tokenFile, "", replicas, ho, pods)
 			if err != nil {
 				return nil, nil, nil, nil, err
 			}
 			return info, []hostProc{{"etcd+nats", info}}, etcd, stop, nil
 		}
-		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", ho, pods)
+		etcdInfo, etcd, stopEtcd, err := loaded("etcd", filepath.Join(dir, "etcd-host"), "", "", "", 1, ho, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
-		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, ho, nil)
+		info, heraldEtcd, stopHerald, err := loaded("herald", dir, o.binDir, tokenFile, etcdInfo.EtcdEndpoint, replicas, ho, nil)
 		if err != nil {
 			stopEtcd()
 			return nil, nil, nil, nil, err
@@ -423,7 +440,8 @@ func run(o options) error {
 		if w.Fleet {
 			rbacDir = fleetPolicy
 		}
-		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), podsOf(w), rbacDir)
+		replicas := heraldReplicas(w, o.replicas)
+		info, hosts, etcd, stop, err := heraldHost(filepath.Join(o.dir, fmt.Sprintf("herald-%s-%d", w.Name, round)), replicas, podsOf(w), rbacDir)
 		if err != nil {
 			return err
 		}
@@ -437,7 +455,8 @@ func run(o options) error {
 				}
 			}
 		}
-		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops}
+		t := &loadgen.Target{Name: "Herald", BaseURL: info.FrontdoorURL, BaseURLs: info.FrontdoorURLs, CAFile: info.CAFile, AdminToken: admin, Token: token(w), Hops: hops,
+			EtcdMetrics: []string{info.EtcdEndpoint}}
 		admins := map[string]string{}
 		for _, h := range hosts {
 			t.CPU = append(t.CPU, loadgen.NamedPid{Name: h.name, Pid: h.info.Pid})
@@ -450,7 +469,7 @@ func run(o options) error {
 		// (fanout: herald_fanout_watchers; frontdoor: its open pods
 		// watches).
 		var fanoutAdmins []string
-		for i := range o.replicas {
+		for i := range replicas {
 			for _, svc := range []struct{ name, metric, match string }{
 				{fmt.Sprintf("fanout-%d", i), "herald_fanout_watchers", ""},
 				{fmt.Sprintf("frontdoor-%d", i), "apiserver_longrunning_requests", `resource="pods"`},
@@ -519,7 +538,7 @@ func run(o options) error {
 	// kube-apiserver on it with JSON or protobuf storage, and RBAC or no
 	// authorization.
 	kubeHost := func(dir string, pods *loadgen.Pods, protobuf, rbac bool) (info *loadgen.HostInfo, etcd *clientv3.Client, k *loadgen.KubeAPIServer, stop func(), err error) {
-		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", loadgen.HostOptions{SysmonAwake: awake.kube}, pods)
+		info, etcd, stopEtcd, err := loaded("etcd", dir, "", "", "", 1, loadgen.HostOptions{SysmonAwake: awake.kube}, pods)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -537,14 +556,32 @@ func run(o options) error {
 		}
 	}
 	kubeRun := func(w loadgen.Workload, round int) error {
-		info, etcd, k, stop, err := kubeHost(filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round)), podsOf(w), w.Protobuf, w.Fleet)
+		dir := filepath.Join(o.dir, fmt.Sprintf("kube-%s-%d", w.Name, round))
+		info, etcd, k, stop, err := kubeHost(dir, podsOf(w), w.Protobuf, w.Fleet)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		// More kube-apiservers on the same etcd, each with its own watch
+		// cache and etcd watches.
+		more, stopMore, err := startKubeReplicas(w.KubeReplicas, dir, func(dir string) (*loadgen.KubeAPIServer, error) {
+			mode := loadgen.KubeMode{Protobuf: w.Protobuf, RBAC: w.Fleet, SysmonAwake: awake.kube}
+			return loadgen.StartKubeAPIServer(ctx, cpus, o.kube, dir, info.EtcdEndpoint, pki.CertFile, pki.KeyFile, tokenFile, admin, mode, httpc)
+		})
+		if err != nil {
+			return err
+		}
+		defer stopMore()
 		if w.Fleet {
+			// Created once, through the first; every replica's RBAC
+			// authorizer reads them from its own informer.
 			if err := loadgen.GrantFleet(ctx, httpc, k.URL, admin, fleetToken, time.Minute); err != nil {
 				return err
+			}
+			for _, r := range more {
+				if err := loadgen.WaitAuthorized(ctx, httpc, r.k.URL, fleetToken, time.Minute); err != nil {
+					return fmt.Errorf("%s: %w", r.name, err)
+				}
 			}
 		}
 		t := &loadgen.Target{Name: "kube-apiserver", BaseURL: k.URL, CAFile: pki.CAFile, AdminToken: admin, Token: token(w),
@@ -564,7 +601,11 @@ func run(o options) error {
 			Profile: func(ctx context.Context, d time.Duration) {
 				go profile(ctx, plain, "http://"+info.Admin, "", d, filepath.Join(profDir, w.Name+"-kube-etcd.pprof"))
 				go profile(ctx, httpc, k.URL, admin, d, filepath.Join(profDir, w.Name+"-kube-apiserver.pprof"))
-			}}
+			},
+			EtcdMetrics: []string{info.EtcdEndpoint}}
+		if len(more) > 0 {
+			scaleKubeTarget(t, append([]kubeReplica{{"kube-apiserver", k}}, more...), httpc, admin)
+		}
 		measure(t, etcd, w, rp.KubeRounds)
 		return nil
 	}
@@ -612,7 +653,7 @@ func run(o options) error {
 				rp.Memory = append(rp.Memory, m)
 			}
 			if want("herald") {
-				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), nil, "")
+				info, _, etcd, stop, err := heraldHost(filepath.Join(o.dir, "herald-memory-"+enc), o.replicas, nil, "")
 				if err != nil {
 					return fmt.Errorf("herald: %w", err)
 				}

@@ -116,7 +116,7 @@ func TestTargetsMedianCPU(t *testing.T) {
 // in system:masters but the fleet's, whose only group is the one its RBAC
 // grant names.
 func TestTokenLines(t *testing.T) {
-	r := csv.NewReader(bytes.NewReader(tokenLines("p")))
+	r := csv.NewReader(bytes.NewReader(tokenLines("p", numKubelets)))
 	r.FieldsPerRecord = -1
 	recs, err := r.ReadAll()
 	if err != nil {
