@@ -78,7 +78,7 @@ images: ## Build FROM-scratch images (each service, etcd, nats-server) from stat
 manifests: ## Render every deploy/k8s overlay with kubectl kustomize (the strict test is in `make test`).
 	@set -e; for o in deploy/k8s/overlays/*/; do echo "== $$o"; kubectl kustomize $$o >/dev/null; done
 
-bench: ## Run the Go benchmarks, then the load benchmark vs kube-apiserver (writes docs/benchmarks.md; the load step, six workloads x three rounds, takes ~100 min on 2 cores (60 s of measured writes on the three kubelet-like workloads, 20 s on the broadcasts); LOAD_ARGS adds flags, e.g. LOAD_ARGS='-rounds 1 -workloads kubelet-5000x200').
+bench: ## Run the Go benchmarks, then the load benchmark vs kube-apiserver (writes docs/benchmarks.md; the load step, nine workloads x three rounds, takes ~145 min on 2 cores (60 s of measured writes on the three kubelet-like workloads, 20 s on the broadcasts, 15 s on the three -fleet ones: one RBAC-authorized token for every watcher, writes right after the last watch opens); LOAD_ARGS adds flags, e.g. LOAD_ARGS='-rounds 1 -workloads kubelet-5000x200').
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...); done
 	@# The baseline is its own module, outside go.work; the first build takes long, later ones come from Go's cache.
 	(cd integration/bench/kubeapiserver && GOWORK=off $(GO) build -o $(CURDIR)/.herald/bin/kube-apiserver .) || \
