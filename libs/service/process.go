@@ -43,8 +43,13 @@ const telemetryFlush = 5 * time.Second
 // flags (and the logger's) from the command line and HERALD_*, validates
 // them, serves the admin port, builds the component, runs it until SIGINT
 // or SIGTERM (or its failure), stops it gracefully and flushes the spans.
-// It exits with status 1 on any error.
+// It exits with status 1 on any error. Before anything, a process whose
+// GODEBUG does not set schedtrace re-executes itself with SysmonAwake
+// (keepSysmonAwake).
 func Main(name string, cfg Config, build Build) {
+	if err := keepSysmonAwake(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	}
 	if err := Run(context.Background(), name, cfg, os.Args[1:], os.Stderr, build); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
