@@ -134,7 +134,7 @@ func TestReportFleetAndSysmon(t *testing.T) {
 			[]string{"Herald's server processes (the etcd and NATS hosts, its services) run with `GODEBUG=schedtrace=2147483647`", "kube-apiserver and its etcd host run without it (`-godebug herald`)"},
 			[]string{"Every server process of both systems"}},
 		{"none, with a fleet", Report{Workloads: []Workload{plain, fleet}, SysmonAwake: "none"},
-			[]string{"No server process of either system runs with GODEBUG's schedtrace (`-godebug none`)",
+			[]string{"No server process of either system is started with GODEBUG's schedtrace (`-godebug none`)", "Herald's services, started so, re-execute themselves",
 				"`--authorization-mode=AlwaysAllow` (workloads named `-fleet`: `--authorization-mode=RBAC`), static tokens",
 				"all in group system:masters (but for the `-fleet` workloads, below)",
 				"user `herald-bench-watcher` in group `herald:bench-watchers`, not in system:masters",

@@ -278,7 +278,7 @@ func (rp *Report) sysmon() string {
 	case "herald":
 		return "Herald's server processes (the etcd and NATS hosts, its services) run with `GODEBUG=schedtrace=2147483647`, " + deployed + "; kube-apiserver and its etcd host run without it (`-godebug herald`), with " + asleep + "."
 	case "none":
-		return "No server process of either system runs with GODEBUG's schedtrace (`-godebug none`): every one has " + asleep + "; `make run` and the manifests start Herald's services with `GODEBUG=schedtrace=2147483647` (docs/operations.md, \"Cores\"), so Herald ran here otherwise than it is deployed."
+		return "No server process of either system is started with GODEBUG's schedtrace (`-godebug none`): kube-apiserver and the etcd and NATS hosts run with " + asleep + "; Herald's services, started so, re-execute themselves with `GODEBUG=schedtrace=2147483647` as they do wherever they are run without it (docs/operations.md, \"Cores\")."
 	}
 	return "Every server process of both systems (the etcd and NATS hosts, Herald's services, kube-apiserver) runs with `GODEBUG=schedtrace=2147483647`, " + deployed + "."
 }
